@@ -1,0 +1,228 @@
+"""The job file: typed, validated at the edge. `load_job` is the only YAML reader.
+
+Errors name the file, the line and the key path, and say what is allowed:
+`job.yaml:7 generation.temperature: must be >= 0`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from jobrunner.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    source: str = "smollm2-135m-instruct"
+    revision: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    quantization: Literal["none", "int8", "int4", "fp8"] = "none"
+    kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
+    max_model_len: int = Field(2048, ge=16)
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    keep_in_16bit: list[str] = Field(default_factory=list)
+    quality_check: int = Field(0, ge=0)
+    quality_min_agreement: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class PromptConfig(_Strict):
+    """Exactly one of column, messages_column, template."""
+
+    column: str | None = None
+    messages_column: str | None = None
+    template: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PromptConfig:
+        given = [k for k in ("column", "messages_column", "template") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of column, messages_column, template"
+                f" (got {', '.join(given) or 'none'})"
+            )
+        return self
+
+
+class InputConfig(_Strict):
+    path: str = "data/samples/prompts.parquet"
+    format: Literal["auto", "parquet", "jsonl", "csv", "openai-batch"] = "auto"
+    id_column: str | None = "id"
+    prompt: PromptConfig = Field(default_factory=lambda: PromptConfig(column="prompt"))
+    system_prompt: str | None = None
+    priority_column: str | None = None
+    on_too_long: Literal["error", "truncate_left", "truncate_right"] = "error"
+    max_error_rate: float = Field(0.05, ge=0.0, le=1.0)
+    batch_rows: int = Field(1024, ge=1)  # rows per streamed read batch
+
+
+class GenerationConfig(_Strict):
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int = 0
+    stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class OutputConfig(_Strict):
+    path: str = "out/job"
+    format: Literal["parquet", "jsonl", "openai-batch"] = "parquet"
+    keep_input_columns: bool = True
+    shard_rows: int = Field(1000, ge=1)  # commit a shard at least every N finished rows
+    shard_seconds: float = Field(30.0, gt=0)  # ... or every T seconds
+
+
+class EngineConfig(_Strict):
+    kind: Literal["auto", "paged", "static"] = "paged"
+    max_num_seqs: int = Field(256, ge=1)
+    max_batch_tokens: int = Field(8192, ge=16)
+    prefix_caching: bool = True
+    block_size: int = Field(16, ge=1)
+    memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    kv_cache_bytes: int | None = Field(None, ge=1)  # explicit KV-cache size, overrides fraction
+    order_window: int = Field(4096, ge=1)  # rows reordered together (shared heads, lengths)
+    num_threads: int | None = Field(None, ge=1)
+
+
+class CostConfig(_Strict):
+    gpu_hour_usd: float | None = Field(None, ge=0.0)
+
+
+class JobConfig(_Strict):
+    name: str = "job"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    input: InputConfig = Field(default_factory=InputConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    executor: Literal["local", "ray"] = "local"
+
+    # Where the job file lives; relative input/output paths resolve against the working dir.
+    source_file: str | None = Field(None, exclude=True)
+
+    def fingerprint_parts(self) -> dict[str, Any]:
+        """What makes two runs 'the same job' (resume refuses a different one)."""
+        return {
+            "model": self.model.model_dump(
+                include={"source", "revision", "dtype", "quantization", "kv_cache_dtype",
+                         "max_model_len", "keep_in_16bit"}
+            ),
+            "prompt": self.input.model_dump(
+                include={"format", "id_column", "prompt", "system_prompt", "on_too_long"}
+            ),
+            "generation": self.generation.model_dump(),
+        }
+
+
+def fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read, override and validate a job file. Raises ConfigError naming file, line and key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the job file: {e.strerror or e}") from e
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: the job file must be a mapping of keys (name, model, ...)")
+    lines = _key_lines(node)
+    for item in overrides or []:
+        apply_override(data, item)
+    try:
+        cfg = JobConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, path, lines)) from e
+    cfg.source_file = str(path)
+    return cfg
+
+
+def apply_override(data: dict, item: str) -> None:
+    """`key.path=value`; the value is parsed as YAML (`64`, `true`, `[a, b]`, `null`)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key.path=value")
+    key, _, raw = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: empty key in {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    cur = data
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {item!r}: {p} is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
+    """Map each key path to its 1-based line in the file."""
+    out: dict[tuple, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            path = prefix + (k.value,)
+            out[path] = k.start_mark.line + 1
+            out.update(_key_lines(v, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out[prefix + (i,)] = v.start_mark.line + 1
+            out.update(_key_lines(v, prefix + (i,)))
+    return out
+
+
+def _describe(err: ValidationError, path: Path, lines: dict[tuple, int]) -> str:
+    msgs = []
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        line = _nearest_line(loc, lines)
+        where = f"{path}:{line}" if line else str(path)
+        key = ".".join(str(x) for x in loc) or "(top level)"
+        msgs.append(f"{where} {key}: {_humanize(e)}")
+    return "\n".join(msgs)
+
+
+def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _humanize(e: dict) -> str:
+    kind, ctx = e["type"], e.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown key (check the spelling; see DESIGN.md for the job-file keys)"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {e.get('input')!r}"
+    for op, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if kind == f"{'greater' if op[0] == 'g' else 'less'}_than{'_equal' if op[1] == 'e' else ''}":
+            return f"must be {word} {ctx.get(op)}, got {e.get('input')!r}"
+    msg = e["msg"]
+    return msg.removeprefix("Value error, ")

@@ -1,0 +1,157 @@
+"""Load a tokenizer (no weights) or a whole model, on the device and dtype the job asks for."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jobrunner.config import ModelConfig
+from jobrunner.engine.resolve import ModelSource, gguf_cache_path, resolve_source
+from jobrunner.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers PreTrainedModel, eval mode, on `device`
+    tokenizer: Any
+    source: ModelSource
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    weights_dir: str  # local HF directory holding config.json + safetensors
+
+    @property
+    def hf_config(self) -> Any:
+        return self.model.config
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return eos_ids(self.tokenizer, self.model.generation_config)
+
+
+def eos_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    """The job's tokenizer alone (validate/estimate): no weights are read."""
+    return _tokenizer(_local_dir_or_gguf(cfg), cfg.trust_remote_code, cfg.revision)
+
+
+def load_model(cfg: ModelConfig) -> LoadedModel:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = resolve_source(cfg.source)
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device)
+    weights_dir = _ensure_dense(src)
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.revision and src.kind == "hub":
+        kwargs["revision"] = cfg.revision
+    if not cfg.allow_pickle:
+        kwargs["use_safetensors"] = True
+    try:
+        model = AutoModelForCausalLM.from_pretrained(weights_dir, **kwargs)
+    except OSError as e:
+        hint = " (set model.allow_pickle: true to load .bin weights)" if "safetensors" in str(e) else ""
+        raise ConfigError(f"model.source: cannot load {src.path}: {e}{hint}") from e
+    model.to(device).eval()
+    torch.set_grad_enabled(False)
+    tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
+    log.info("loaded %s on %s as %s", src.name, device, str(dtype).removeprefix("torch."))
+    return LoadedModel(model, tok, src, device, dtype, weights_dir)
+
+
+def pick_device(name: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"model.device: {name!r} asked for but CUDA is not available here")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: Any) -> Any:
+    """`auto`: bfloat16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
+    import torch
+
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+@lru_cache(maxsize=1)
+def cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _local_dir_or_gguf(cfg: ModelConfig) -> str:
+    src = resolve_source(cfg.source)
+    if src.kind == "gguf":
+        cached = gguf_cache_path(src)
+        return str(cached) if (cached / "config.json").is_file() else str(src.gguf_path)
+    return src.path
+
+
+def _tokenizer(where: str, trust_remote_code: bool, revision: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    if where.endswith(".gguf"):
+        p = Path(where)
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, **kwargs)
+    return AutoTokenizer.from_pretrained(where, **kwargs)
+
+
+def _ensure_dense(src: ModelSource) -> str:
+    """A local HF dir with safetensors; a GGUF is dequantized once into the cache."""
+    if src.kind != "gguf":
+        return src.path
+    target = gguf_cache_path(src)
+    if (target / "config.json").is_file():
+        return str(target)
+    return _dequantize_gguf(src, target)
+
+
+def _dequantize_gguf(src: ModelSource, target: Path) -> str:
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("dequantizing %s once into %s (later runs load the cache)", src.gguf_path, target)
+    model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    # Written by hand: transformers refuses to serialize a model it loaded through GGUF.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    save_model(model, str(tmp / "model.safetensors"))  # handles the tied embeddings
+    tok.save_pretrained(tmp)
+    if not target.exists():
+        tmp.rename(target)
+    return str(target)

