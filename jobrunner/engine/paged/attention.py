@@ -1,0 +1,113 @@
+"""Paged attention over a flat slot-indexed KV cache, for batches mixing prefill and decode.
+
+Token rows of a step are laid out as [decode rows, sorted by context length][prefill chunks].
+Decode rows are attended in a few groups, each padded to its longest context, with the query
+heads of one KV head folded into the query axis (GQA without copying K/V). A prefill chunk
+starting at position 0 attends to its own fresh K/V (causal); a later chunk, or one after a
+prefix-cache hit, gathers its whole context from the cache and uses an offset causal mask.
+
+The metadata is built once per step and shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DecodeGroup:
+    start: int  # first token row
+    end: int
+    block_tables: torch.Tensor  # (b, nb) block ids of each row's context (padding -> block 0)
+    mask: torch.Tensor | None  # (b, 1, 1, nb * bs) True where the position is real
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first token row
+    end: int
+    block_ids: torch.Tensor | None  # (nb,) context blocks; None when the chunk starts at 0
+    context_len: int  # L: positions attended by the chunk's last token
+    mask: torch.Tensor | None  # (n, L) offset causal mask; None with block_ids None
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def group_by_length(
+    context_lens: list[int], max_ratio: float = 1.5, min_size: int = 8
+) -> list[tuple[int, int]]:
+    """Split rows sorted by context length into runs whose padding stays bounded."""
+    groups, start = [], 0
+    for i in range(1, len(context_lens) + 1):
+        end_run = i == len(context_lens) or (
+            i - start >= min_size and context_lens[i] > max_ratio * context_lens[start]
+        )
+        if end_run:
+            groups.append((start, i))
+            start = i
+    return groups
+
+
+def paged_attention(
+    q: torch.Tensor,  # (T, nh, hd)
+    k: torch.Tensor,  # (T, nkv, hd)
+    v: torch.Tensor,  # (T, nkv, hd)
+    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd)
+    v_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd)
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # (T, nh * hd)
+    nkv, _, _, hd = k_cache.shape
+    k_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    out = torch.empty_like(q)
+    for g in meta.decode_groups:
+        out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)
+    for p in meta.prefills:
+        out[p.start : p.end] = _prefill(q, k, v, k_cache, v_cache, p, scale)
+    return out.view(q.shape[0], -1)
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """(nkv, num_blocks, bs, hd)[block_ids (..., nb)] -> (..., nkv, nb * bs, hd), one copy."""
+    g = cache[:, block_ids]  # (nkv, ..., nb, bs, hd)
+    g = g.movedim(0, -4)  # (..., nkv, nb, bs, hd): a view
+    return g.flatten(-3, -2)  # merging nb and bs stays a view
+
+
+def _decode(q, k_cache, v_cache, g: DecodeGroup, scale: float) -> torch.Tensor:
+    b, nh, hd = q.shape
+    nkv = k_cache.shape[0]
+    qg = q.view(b, nkv, nh // nkv, hd)  # (b, nkv, group, hd): query heads of one KV head
+    kg = _gather(k_cache, g.block_tables)  # (b, nkv, L, hd)
+    vg = _gather(v_cache, g.block_tables)
+    o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+    return o.reshape(b, nh, hd)
+
+
+def _prefill(q, k, v, k_cache, v_cache, p: PrefillChunk, scale: float) -> torch.Tensor:
+    qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
+    if p.block_ids is None:
+        kp = k[p.start : p.end].transpose(0, 1)  # (nkv, n, hd)
+        vp = v[p.start : p.end].transpose(0, 1)
+    else:
+        kp = _gather(k_cache, p.block_ids)[:, : p.context_len]  # (nkv, L, hd)
+        vp = _gather(v_cache, p.block_ids)[:, : p.context_len]
+    o = F.scaled_dot_product_attention(
+        qp,
+        kp.unsqueeze(0),
+        vp.unsqueeze(0),
+        attn_mask=p.mask,
+        is_causal=p.block_ids is None,
+        scale=scale,
+        enable_gqa=True,
+    )  # (1, nh, n, hd)
+    return o[0].transpose(0, 1)

@@ -1,0 +1,168 @@
+"""Detokenization and stop strings, behind the forward loop in a worker thread.
+
+The engine posts events in step order: new tokens of rows that have stop strings, and
+finished rows. The worker builds the final `Result`s. When a row's text reaches a stop
+string, its Result is made at once (text cut before the stop string, as OpenAI does) and
+its id is reported back so the engine aborts the sequence; a later "finished" event for
+that row (it may have run on meanwhile) is ignored.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from jobrunner.types import FinishReason, Request, Result, Usage
+
+
+@dataclass
+class FinishedRow:
+    """A snapshot of a finished sequence, taken in the forward loop."""
+
+    seq_id: int
+    request: Request
+    output_ids: list[int]
+    reason: FinishReason
+    cached_tokens: int
+    error_code: str | None = None
+    error: str | None = None
+
+
+def make_result(row: FinishedRow, text: str, output_ids: list[int], reason: FinishReason) -> Result:
+    req = row.request
+    usage = Usage(req.num_prompt_tokens, row.cached_tokens, len(output_ids))
+    return Result(
+        id=req.id,
+        completion=text,
+        finish_reason=reason,
+        usage=usage,
+        token_ids=output_ids,
+        source=req.source,
+        columns=req.columns,
+        meta=req.meta,
+        error_code=row.error_code,
+        error=row.error,
+    )
+
+
+def find_stop(text: str, stops: tuple[str, ...], start: int) -> int:
+    """Index of the earliest stop string in text[start:] (as an index into text), or -1."""
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else -1
+
+
+class _StopWatch:
+    """Incremental text of one row with stop strings."""
+
+    def __init__(self, seq: Any):
+        self.seq = seq  # read only for num_cached_tokens, fixed before its first token
+        self.request = seq.request
+        self.stops = self.request.sampling.stop
+        self.max_stop = max(len(s) for s in self.stops)
+        self.output_ids: list[int] = []
+        self.checked = 0  # text before this index holds no stop string start
+
+    def feed(self, tokenizer: Any, token_id: int) -> tuple[str, int]:
+        self.output_ids.append(token_id)
+        text = tokenizer.decode(self.output_ids, skip_special_tokens=True)
+        hit = find_stop(text, self.stops, self.checked)
+        self.checked = max(0, len(text) - self.max_stop)
+        return text, hit
+
+
+class Detokenizer:
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._inbox: queue.Queue = queue.Queue()
+        self._results: queue.Queue[Result] = queue.Queue()
+        self._stop_hits: queue.Queue[int] = queue.Queue()
+        self._watches: dict[int, _StopWatch] = {}
+        self._done: set[int] = set()
+        self._thread = threading.Thread(target=self._work, name="detok", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ engine side
+
+    def watch(self, seq: Any) -> None:
+        """Follow a sequence (sched.Sequence) whose request has stop strings."""
+        if seq.request.sampling.stop:
+            self._inbox.put(("watch", seq))
+
+    def tokens(self, items: list[tuple[int, int]]) -> None:
+        """(seq_id, token_id) pairs of watched rows, in step order."""
+        if items:
+            self._inbox.put(("tokens", items))
+
+    def finished(self, row: FinishedRow) -> None:
+        self._inbox.put(("finished", row))
+
+    def result(self, result: Result) -> None:
+        self._results.put(result)
+
+    def drain(self) -> list[Result]:
+        return _drain(self._results)
+
+    def stop_hits(self) -> list[int]:
+        return _drain(self._stop_hits)
+
+    def close(self) -> list[Result]:
+        """Finish all posted work; returns the last Results."""
+        self._inbox.put(None)
+        self._thread.join()
+        return self.drain()
+
+    # ------------------------------------------------------------------ worker
+
+    def _work(self) -> None:
+        while (event := self._inbox.get()) is not None:
+            kind, *args = event
+            getattr(self, f"_on_{kind}")(*args)
+
+    def _on_watch(self, seq: Any) -> None:
+        self._watches[seq.seq_id] = _StopWatch(seq)
+
+    def _on_tokens(self, items: list[tuple[int, int]]) -> None:
+        for seq_id, token_id in items:
+            watch = self._watches.get(seq_id)
+            if watch is None:
+                continue
+            text, hit = watch.feed(self.tokenizer, token_id)
+            if hit >= 0:
+                row = FinishedRow(
+                    seq_id,
+                    watch.request,
+                    list(watch.output_ids),
+                    FinishReason.STOP,
+                    watch.seq.num_cached_tokens,
+                )
+                self._emit(row, text[:hit], FinishReason.STOP)
+                self._stop_hits.put(seq_id)
+
+    def _on_finished(self, row: FinishedRow) -> None:
+        if row.seq_id in self._done:  # already ended by a stop string
+            self._done.discard(row.seq_id)
+            return
+        self._watches.pop(row.seq_id, None)
+        text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+        reason = row.reason
+        if row.request.sampling.stop and reason is not FinishReason.ERROR:
+            hit = find_stop(text, row.request.sampling.stop, 0)
+            if hit >= 0:
+                text, reason = text[:hit], FinishReason.STOP
+        self._results.put(make_result(row, text, row.output_ids, reason))
+
+    def _emit(self, row: FinishedRow, text: str, reason: FinishReason) -> None:
+        self._watches.pop(row.seq_id, None)
+        self._done.add(row.seq_id)
+        self._results.put(make_result(row, text, row.output_ids, reason))
+
+
+def _drain(q: queue.Queue) -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out

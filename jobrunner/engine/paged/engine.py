@@ -1,0 +1,279 @@
+"""The paged engine: continuous batching over a paged KV cache with a prefix cache.
+
+Each step reads like a sentence: schedule -> run -> postprocess; detokenization and stop
+strings run behind it in a thread (detok.py).
+
+Fault injection (for crash-safety tests): `JOBRUNNER_FAULT_OOM_STEPS="3,4"` makes forward
+attempts number 3 and 4 (1-based, counting retries) raise `torch.OutOfMemoryError`, which
+exercises the back-off path: the step is dropped, max_num_seqs and the token budget are
+halved, the same sequences are scheduled again and `stats.oom_retries` grows; a single
+sequence that still fails ends with error_code "oom".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from jobrunner.engine.base import Engine, register
+from jobrunner.engine.paged.detok import Detokenizer, FinishedRow, make_result
+from jobrunner.engine.paged.kv_cache import allocate_kv_cache, kv_bytes_per_token, plan_num_blocks
+from jobrunner.engine.paged.model import PagedCausalLM, unsupported_reason
+from jobrunner.engine.paged.runner import ModelRunner
+from jobrunner.sched import BlockManager, ScheduledBatch, Scheduler, Sequence
+from jobrunner.types import FinishReason, Request, Result
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "JOBRUNNER_FAULT_OOM_STEPS"
+MIN_BATCH_TOKENS = 16
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "out of memory" in str(e)
+    )
+
+
+@register("paged")
+class PagedEngine(Engine):
+    """`generate(requests)` pulls requests lazily (the waiting queue holds at most about
+    2 x max_num_seqs) and yields each row's Result as soon as its text is final."""
+
+    @classmethod
+    def supports(cls, loaded) -> str | None:
+        return unsupported_reason(loaded.model, 1 << 30)
+
+    def __init__(self, loaded, cfg) -> None:
+        super().__init__(loaded, cfg)
+        e = cfg.engine
+        if e.num_threads and loaded.device.type == "cpu":
+            torch.set_num_threads(e.num_threads)
+        self.max_model_len = min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
+        self.model = PagedCausalLM(loaded.model, self.max_model_len)
+        self.kv = self._allocate_kv()
+        self.block_manager = BlockManager(self.kv.num_blocks, e.block_size, e.prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            e.max_num_seqs,
+            e.max_batch_tokens,
+            self.max_model_len,
+            watermark_blocks=max(1, self.kv.num_blocks // 100),
+        )
+        self.runner = ModelRunner(self.model, self.kv, loaded.device)
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.stats.num_kv_blocks = self.kv.num_blocks
+        self.stats.kv_bytes_per_token = self.kv.bytes_per_token
+        self._fault_steps = {int(s) for s in os.environ.get(FAULT_ENV, "").split(",") if s.strip()}
+        self._attempts = 0
+        self._live: dict[int, Sequence] = {}
+
+    def _allocate_kv(self):
+        m, e = self.model, self.cfg.engine
+        n_layers, dtype = len(m.layers), self.loaded.dtype
+        per_token = kv_bytes_per_token(n_layers, m.num_kv_heads, m.head_dim, dtype)
+        num_blocks = plan_num_blocks(
+            per_token,
+            e.block_size,
+            self.loaded.device,
+            e.memory_fraction,
+            e.kv_cache_bytes,
+            max_useful_tokens=e.max_num_seqs * self.max_model_len,
+        )
+        return allocate_kv_cache(
+            n_layers,
+            m.num_kv_heads,
+            m.head_dim,
+            num_blocks,
+            e.block_size,
+            dtype,
+            self.loaded.device,
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        self._t0 = time.perf_counter()
+        self.detok = Detokenizer(self.loaded.tokenizer)
+        pending = iter(requests)
+        try:
+            while not self._stop_requested:
+                pending = self._top_up(pending)
+                if not self.scheduler.has_work():
+                    break
+                self.step()
+                self._abort_stop_hits()
+                yield from self.detok.drain()
+        finally:
+            last = self.detok.close()
+            self.stats.engine_seconds += time.perf_counter() - self._t0
+        yield from last
+
+    def step(self) -> None:
+        t = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not len(batch):
+            self._fail_unschedulable()
+            return
+        out = self._run(batch)
+        if out is not None:
+            tokens, finite = out
+            self._fail_rows(batch, finite)
+            self._record(batch, time.perf_counter() - t)
+            self._emit_step(batch, self.scheduler.postprocess(batch, tokens))
+
+    # ------------------------------------------------------------------ intake
+
+    def _top_up(self, pending: Iterator[Request] | None) -> Iterator[Request] | None:
+        """Pull requests until the waiting queue holds 2 x max_num_seqs; None once exhausted."""
+        while pending is not None and self.scheduler.num_waiting < 2 * self.cfg.engine.max_num_seqs:
+            request = next(pending, None)
+            if request is None:
+                return None
+            self._add(request)
+        return pending
+
+    def _add(self, request: Request) -> None:
+        n = request.num_prompt_tokens
+        capacity = min(self.max_model_len, self.kv.num_blocks * self.kv.block_size)
+        if n == 0 or n >= capacity:
+            why = (
+                "empty prompt" if n == 0 else f"{n} prompt tokens leave no room (limit {capacity})"
+            )
+            self._reject(request, "prompt_too_long" if n else "empty_prompt", why)
+            return
+        max_new = min(request.sampling.max_new_tokens, capacity - n)
+        seq = Sequence(request, max_new, self.eos_token_ids)
+        self._live[seq.seq_id] = seq
+        self.detok.watch(seq)
+        self.scheduler.add(seq)
+
+    def _reject(self, request: Request, code: str, message: str) -> None:
+        row = FinishedRow(-1, request, [], FinishReason.ERROR, 0, code, message)
+        self.detok.result(make_result(row, "", [], FinishReason.ERROR))
+
+    # ------------------------------------------------------------------ forward with back-off
+
+    def _run(self, batch: ScheduledBatch):
+        self._attempts += 1
+        t = time.perf_counter()
+        try:
+            if self._attempts in self._fault_steps:
+                raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at attempt {self._attempts}")
+            return self.runner.run(batch)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_oom(e):
+                raise
+            self._back_off(batch, e)
+            return None
+        finally:
+            self.stats.forward_seconds += time.perf_counter() - t
+
+    def _back_off(self, batch: ScheduledBatch, e: BaseException) -> None:
+        self.stats.oom_retries += 1
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+        s = self.scheduler
+        if len(batch) == 1 and batch.num_tokens <= MIN_BATCH_TOKENS:
+            log.error("out of memory with one sequence of %d tokens: failing it", batch.num_tokens)
+            self._finish(batch.seqs[0], FinishReason.ERROR, "oom", f"out of memory: {e}")
+            return
+        s.max_num_seqs = max(1, len(batch) // 2)
+        s.max_batch_tokens = max(MIN_BATCH_TOKENS, batch.num_tokens // 2)
+        log.warning(
+            "out of memory; retrying with max_num_seqs=%d max_batch_tokens=%d",
+            s.max_num_seqs,
+            s.max_batch_tokens,
+        )
+
+    # ------------------------------------------------------------------ finishing
+
+    def _fail_rows(self, batch: ScheduledBatch, finite: list[bool]) -> None:
+        for seq, ok in zip(batch.seqs, finite, strict=True):
+            if not ok:
+                self._finish(
+                    seq, FinishReason.ERROR, "nan_logits", "the logits were NaN or infinite"
+                )
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing fits even in an idle cache: the head of the queue can never run."""
+        head = self.scheduler.waiting[0][2]
+        self._finish(
+            head,
+            FinishReason.ERROR,
+            "kv_cache_too_small",
+            f"{head.num_tokens} tokens do not fit in the KV cache",
+        )
+
+    def _finish(
+        self, seq: Sequence, reason: FinishReason, code: str | None = None, msg: str | None = None
+    ):
+        self.scheduler.finish(seq, reason, code)
+        self._post_finished(seq, msg)
+
+    def _emit_step(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
+        self.detok.tokens(
+            [
+                (seq.seq_id, seq.token_ids[-1])
+                for seq, n, start in zip(
+                    batch.seqs, batch.num_new_tokens, batch.start_positions, strict=True
+                )
+                if seq.request.sampling.stop and start + n + 1 == seq.num_tokens
+            ]
+        )
+        for seq in finished:
+            self._post_finished(seq)
+
+    def _post_finished(self, seq: Sequence, msg: str | None = None) -> None:
+        self._live.pop(seq.seq_id, None)
+        self.runner.release(seq.seq_id)
+        self.detok.finished(
+            FinishedRow(
+                seq.seq_id,
+                seq.request,
+                seq.output_token_ids,
+                seq.finish_reason,
+                seq.num_cached_tokens,
+                seq.error_code,
+                msg,
+            )
+        )
+
+    def _abort_stop_hits(self) -> None:
+        for seq_id in self.detok.stop_hits():
+            seq = self._live.pop(seq_id, None)
+            if seq is not None:
+                self.scheduler.finish(seq, FinishReason.STOP)
+                self.runner.release(seq_id)
+
+    # ------------------------------------------------------------------ telemetry
+
+    def _record(self, batch: ScheduledBatch, seconds: float) -> None:
+        s, sched = self.stats, self.scheduler
+        decode = batch.num_decode_tokens
+        s.steps += 1
+        s.prefill_tokens += batch.num_tokens - decode
+        s.decode_tokens += decode
+        s.cached_tokens = sched.num_cached_tokens
+        s.preemptions = sched.num_preemptions
+        s.step_log.append(
+            {
+                "t": round(time.perf_counter() - self._t0, 4),
+                "num_running": sched.num_running,
+                "num_waiting": sched.num_waiting,
+                "batch_tokens": batch.num_tokens,
+                "prefill_tokens": batch.num_tokens - decode,
+                "decode_tokens": decode,
+                "kv_blocks_used": self.block_manager.num_used_blocks,
+                "step_seconds": round(seconds, 5),
+                "preemptions": sched.num_preemptions,
+            }
+        )
+
+
+def _context_limit(hf_config) -> int:
+    return getattr(hf_config, "max_position_embeddings", None) or 1 << 30

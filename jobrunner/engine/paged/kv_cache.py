@@ -1,0 +1,84 @@
+"""The KV cache: per layer a K and a V tensor of shape (nkv, num_blocks, block_size, hd).
+
+Sized from `engine.kv_cache_bytes` when given, else from free memory x `memory_fraction`
+(on CPU half of that, capped at what max_num_seqs full-length sequences could ever use).
+The cache is zeroed: masked padding positions must hold finite values (0 x NaN is NaN).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KVCache:
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    num_blocks: int
+    block_size: int
+    bytes_per_token: int
+
+
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def plan_num_blocks(
+    bytes_per_token: int,
+    block_size: int,
+    device: torch.device,
+    memory_fraction: float,
+    kv_cache_bytes: int | None,
+    max_useful_tokens: int,
+) -> int:
+    if kv_cache_bytes is not None:
+        budget = kv_cache_bytes
+    else:
+        budget = int(free_memory_bytes(device) * memory_fraction)
+        if device.type == "cuda":
+            budget -= 2 << 30  # activations of the largest step
+        else:  # host memory is shared with the process and the OS: half, and no more than usable
+            budget = min(budget // 2, max_useful_tokens * bytes_per_token)
+    return max(1, budget // (bytes_per_token * block_size))
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> KVCache:
+    shape = (num_kv_heads, num_blocks, block_size, head_dim)
+    layers = [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(num_layers)
+    ]
+    per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+    log.info(
+        "KV cache: %d blocks of %d tokens (%.2f GiB)",
+        num_blocks,
+        block_size,
+        num_blocks * block_size * per_token / 2**30,
+    )
+    return KVCache(layers, num_blocks, block_size, per_token)

@@ -1,0 +1,121 @@
+"""Turns a ScheduledBatch into tensors, runs the model, samples one token per finishing row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from jobrunner.engine.paged.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillChunk,
+    group_by_length,
+)
+from jobrunner.engine.paged.kv_cache import KVCache
+from jobrunner.engine.paged.model import PagedCausalLM
+from jobrunner.engine.paged.sampler import RowSampler, sample
+from jobrunner.sched.batch import ScheduledBatch
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor  # (R,) token row of each sampling batch row's last token
+    sampling_rows: list[int]  # batch row of each logits row
+
+
+class ModelRunner:
+    def __init__(self, model: PagedCausalLM, kv: KVCache, device: torch.device):
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
+
+    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[bool]]:
+        """Token per batch row (None where the row is mid-prompt) and whether its logits were
+        finite (False marks a row to fail; its token is meaningless)."""
+        inputs = self.prepare(batch)
+        logits = self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers, inputs.logits_rows
+        )  # (R, V)
+        samplers = [self._sampler(batch.seqs[i]) for i in inputs.sampling_rows]
+        sampled, finite = sample(logits, samplers)
+        tokens: list[int | None] = [None] * len(batch)
+        ok = [True] * len(batch)
+        for row, token, good in zip(inputs.sampling_rows, sampled, finite, strict=True):
+            tokens[row], ok[row] = token, good
+        return tokens, ok
+
+    def release(self, seq_id: int) -> None:
+        self.samplers.pop(seq_id, None)
+
+    def _sampler(self, seq) -> RowSampler:
+        s = self.samplers.get(seq.seq_id)
+        if s is None:
+            req = seq.request
+            s = self.samplers[seq.seq_id] = RowSampler(req.sampling, req.seq_seed, self.device)
+        return s
+
+    # ------------------------------------------------------------------ inputs
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        decode = sorted(
+            (i for i in range(len(batch)) if batch.is_decode(i)),
+            key=lambda i: batch.start_positions[i],
+        )
+        prefill = [i for i in range(len(batch)) if not batch.is_decode(i)]
+        ids, pos, slots, logits_rows, sampling_rows = [], [], [], [], []
+        for i in decode + prefill:
+            seq, start, n = batch.seqs[i], batch.start_positions[i], batch.num_new_tokens[i]
+            ids += seq.token_ids[start : start + n]
+            pos += range(start, start + n)
+            slots += self._slots(seq.block_table, start, n)
+            if batch.samples(i):
+                logits_rows.append(len(ids) - 1)
+                sampling_rows.append(i)
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots))
+        meta.decode_groups = self._decode_groups(batch, decode)
+        meta.prefills = self._prefill_chunks(batch, prefill, first_row=len(decode))
+        return StepInputs(
+            self._tensor(ids), self._tensor(pos), meta, self._tensor(logits_rows), sampling_rows
+        )
+
+    def _slots(self, block_table: list[int], start: int, n: int) -> list[int]:
+        bs = self.kv.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _decode_groups(self, batch: ScheduledBatch, rows: list[int]) -> list[DecodeGroup]:
+        bs = self.kv.block_size
+        lens = [batch.start_positions[i] + 1 for i in rows]
+        groups = []
+        for a, b in group_by_length(lens):
+            nb = -(-lens[b - 1] // bs)  # rows are sorted: the last is the longest
+            tables = [batch.seqs[i].block_table[:nb] for i in rows[a:b]]
+            tables = self._tensor([t + [0] * (nb - len(t)) for t in tables])  # (b, nb)
+            ctx = self._tensor(lens[a:b])  # (b,)
+            mask = torch.arange(nb * bs, device=self.device)[None] < ctx[:, None]  # (b, L)
+            groups.append(DecodeGroup(a, b, tables, mask[:, None, None, :]))
+        return groups
+
+    def _prefill_chunks(
+        self, batch: ScheduledBatch, rows: list[int], first_row: int
+    ) -> list[PrefillChunk]:
+        bs, chunks, row = self.kv.block_size, [], first_row
+        for i in rows:
+            start, n = batch.start_positions[i], batch.num_new_tokens[i]
+            if start == 0:
+                chunks.append(PrefillChunk(row, row + n, None, n, None))
+            else:
+                L = start + n
+                blocks = self._tensor(batch.seqs[i].block_table[: -(-L // bs)])  # (nb,)
+                q_pos = torch.arange(start, L, device=self.device)  # (n,)
+                mask = torch.arange(L, device=self.device)[None] <= q_pos[:, None]  # (n, L)
+                chunks.append(PrefillChunk(row, row + n, blocks, L, mask))
+            row += n
+        return chunks

@@ -1,0 +1,134 @@
+"""KV-cache blocks: allocation, reference counts and the prefix cache.
+
+A full block is named by a hash chained over its tokens and every token before it, so two
+sequences that share a prompt head share the blocks of that head. A block whose reference
+count drops to zero keeps its KV and its hash ("evictable") until the space is needed; the
+least recently freed evictable block is evicted first, and blocks that hold nothing worth
+keeping are always reused before any cached block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from jobrunner.sched.sequence import Sequence
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    return hash((parent, tokens))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing worth keeping
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, cached; LRU first
+        self.num_hits = 0  # prefix-cache blocks reused
+        self.num_evictions = 0
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ------------------------------------------------------------------ prefix cache
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached block ids for the head of `seq` (no side effects).
+
+        At least one token is always left to compute: its logits give the next token.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs, hits, parent = self.block_size, [], None
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent = chain_hash(parent, tokens)
+            block_id = self.hash_to_block.get(parent)
+            if block_id is None or self.block_tokens[block_id] != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def num_blocks_to_admit(self, hits: list[int], num_tokens: int) -> int:
+        """Free blocks that admitting with `hits` and `num_tokens` tokens in all would use."""
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return self.blocks_for(num_tokens) - len(hits) + revived
+
+    def take_prefix(self, seq: Sequence, hits: list[int]) -> None:
+        """Give an empty sequence the cached head blocks `hits` (from cached_prefix)."""
+        assert not seq.block_table, "take_prefix needs a sequence without blocks"
+        for block_id in hits:
+            if self.ref_counts[block_id] == 0:
+                del self.evictable[block_id]
+            self.ref_counts[block_id] += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(self.block_hash[block_id])
+        self.num_hits += len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+
+    # ------------------------------------------------------------------ allocation
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow the block table to hold `num_new_tokens` more tokens; False (and no change)
+        when there are not enough free blocks."""
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._pop_free())
+        return True
+
+    def _pop_free(self) -> int:
+        if self.free_ids:
+            block_id = self.free_ids.popleft()
+        else:
+            block_id, _ = self.evictable.popitem(last=False)
+            del self.hash_to_block[self.block_hash[block_id]]
+            self.block_hash[block_id] = self.block_tokens[block_id] = None
+            self.num_evictions += 1
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Name the blocks that became full and computed, so later sequences can share them."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            h = chain_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            block_id = seq.block_table[i]
+            if h not in self.hash_to_block and self.block_hash[block_id] is None:
+                self.hash_to_block[h] = block_id
+                self.block_hash[block_id] = h
+                self.block_tokens[block_id] = tokens
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references, tail first, so that shared heads are evicted last."""
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                if self.block_hash[block_id] is None:
+                    self.free_ids.append(block_id)
+                else:
+                    self.evictable[block_id] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0

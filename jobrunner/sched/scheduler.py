@@ -1,0 +1,158 @@
+"""Continuous batching: which sequences compute which tokens in the next step.
+
+Each step spends a token budget (`max_batch_tokens`) over at most `max_num_seqs` sequences:
+running sequences first (one decode token each, or the next chunk of a long prompt), then
+waiting sequences are admitted, highest priority and oldest first, while KV blocks and budget
+remain. A long prompt is prefilled in chunks mixed with the other rows' decode tokens.
+
+When the KV cache runs out, the running sequence with the lowest priority (newest among
+equals) is preempted: its blocks are freed and it waits to be recomputed from its tokens.
+`running` is kept sorted by (priority desc, arrival), so victims come from its tail and are
+never rows already scheduled in the same step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+
+from jobrunner.sched.batch import ScheduledBatch
+from jobrunner.sched.block_manager import BlockManager
+from jobrunner.sched.sequence import Sequence, SequenceStatus
+from jobrunner.types import FinishReason
+
+
+def _rank(seq: Sequence) -> tuple[int, int]:
+    return (-seq.priority, seq.seq_id)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_batch_tokens: int,
+        max_model_len: int,
+        watermark_blocks: int = 0,
+    ):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.max_model_len = max_model_len
+        self.watermark_blocks = watermark_blocks  # kept free at admission to delay preemption
+        self.waiting: list[tuple[int, int, Sequence]] = []  # heap by (-priority, seq_id)
+        self.running: list[Sequence] = []  # sorted by _rank
+        self.num_preemptions = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
+
+    # ------------------------------------------------------------------ queues
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        heapq.heappush(self.waiting, (*_rank(seq), seq))
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.max_batch_tokens)
+        if not batch.preempted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0 and len(batch) < self.max_num_seqs:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if self._make_room(seq, n, batch):
+                batch.add(seq, n)
+                budget -= n
+                i += 1
+        return budget
+
+    def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Allocate n slots for seq, preempting from the tail; False if seq itself was preempted."""
+        while not self.block_manager.append_slots(seq, n):
+            victim = self.running[-1]
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(batch) < self.max_num_seqs:
+            seq = self.waiting[0][2]
+            if seq.is_finished:  # aborted while waiting
+                heapq.heappop(self.waiting)
+                continue
+            hits = bm.cached_prefix(seq)
+            n = min(seq.num_tokens - len(hits) * bm.block_size, budget)
+            need = bm.num_blocks_to_admit(hits, len(hits) * bm.block_size + n)
+            if need + self.watermark_blocks > bm.num_free_blocks and (
+                self.running or need > bm.num_free_blocks
+            ):
+                break
+            heapq.heappop(self.waiting)
+            self._admit(seq, hits, n)
+            batch.add(seq, n)
+            budget -= n
+
+    def _admit(self, seq: Sequence, hits: list[int], n: int) -> None:
+        self.block_manager.take_prefix(seq, hits)
+        ok = self.block_manager.append_slots(seq, n)
+        assert ok, "admission checked the free blocks"
+        if not seq.admitted:
+            seq.admitted = True
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.num_cached_tokens += seq.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=_rank)
+
+    # ------------------------------------------------------------------ after the step
+
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int | None]) -> list[Sequence]:
+        """Advance each row by its computed tokens and append its sampled token (None for rows
+        still mid-prompt). Returns the sequences that finished."""
+        finished = []
+        for seq, n, token_id in zip(batch.seqs, batch.num_new_tokens, token_ids, strict=True):
+            if seq.is_finished:  # failed or aborted during the step
+                continue
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue
+            seq.append_token(token_id)
+            reason = seq.check_stop(self.max_model_len)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def finish(self, seq: Sequence, reason: FinishReason, error_code: str | None = None) -> None:
+        """End a sequence now (done, failed or aborted) and free its blocks."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        seq.finish(reason, error_code)  # a waiting one is dropped when it reaches the heap top
