@@ -60,6 +60,7 @@ class InputConfig(_Strict):
     id_column: str | None = "id"
     prompt: PromptConfig = Field(default_factory=lambda: PromptConfig(column="prompt"))
     system_prompt: str | None = None
+    use_chat_template: bool = True  # text prompts go through the model's chat template
     priority_column: str | None = None
     on_too_long: Literal["error", "truncate_left", "truncate_right"] = "error"
     max_error_rate: float = Field(0.05, ge=0.0, le=1.0)
@@ -121,7 +122,8 @@ class JobConfig(_Strict):
                          "max_model_len", "keep_in_16bit"}
             ),
             "prompt": self.input.model_dump(
-                include={"format", "id_column", "prompt", "system_prompt", "on_too_long"}
+                include={"format", "id_column", "prompt", "system_prompt", "use_chat_template",
+                         "on_too_long"}
             ),
             "generation": self.generation.model_dump(),
         }

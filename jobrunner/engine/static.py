@@ -1,0 +1,121 @@
+"""The static engine: length-sorted, token-budgeted, left-padded batches through HF `generate`.
+
+The fallback for architectures the paged engine does not cover, and the baseline every benchmark
+reports against. Sampling is per row: a logits processor draws each row's token from its own
+seeded generator, so a row's sample does not depend on its batch neighbours.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from itertools import islice
+
+from jobrunner.engine.base import Engine, register
+from jobrunner.engine.finish import make_result
+from jobrunner.types import Request, Result
+
+
+def pack_batches(reqs: list[Request], max_batch_tokens: int, max_num_seqs: int) -> list[list[Request]]:
+    """Sort by prompt length; cut batches so padded (prompt + new) tokens fit the budget."""
+    batches: list[list[Request]] = []
+    cur: list[Request] = []
+    for r in sorted(reqs, key=lambda r: r.num_prompt_tokens):
+        width = r.num_prompt_tokens + max(x.sampling.max_new_tokens for x in [*cur, r])
+        if cur and (len(cur) + 1 > max_num_seqs or (len(cur) + 1) * width > max_batch_tokens):
+            batches.append(cur)
+            cur = []
+        cur.append(r)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+@register("static")
+class StaticEngine(Engine):
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        it = iter(requests)
+        window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)
+        while not self._stop_requested and (chunk := list(islice(it, window))):
+            e = self.cfg.engine
+            for batch in pack_batches(chunk, e.max_batch_tokens, e.max_num_seqs):
+                if self._stop_requested:
+                    return
+                yield from self._run_batch(batch)
+
+    def _run_batch(self, batch: list[Request]) -> list[Result]:
+        import torch
+
+        t0 = time.perf_counter()
+        tok = self.loaded.tokenizer
+        width = max(r.num_prompt_tokens for r in batch)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else min(self.loaded.eos_token_ids)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, T) left-padded
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(batch):
+            ids[i, width - r.num_prompt_tokens:] = torch.tensor(r.prompt_token_ids)
+            mask[i, width - r.num_prompt_tokens:] = 1
+        out = self.loaded.model.generate(
+            input_ids=ids.to(self.loaded.device), attention_mask=mask.to(self.loaded.device),
+            **self._generate_kwargs(batch, pad),
+        )
+        new = out[:, width:].tolist()
+        eos = self.loaded.eos_token_ids
+        results = [make_result(r, self._trim(r, toks), tok, eos) for r, toks in zip(batch, new)]
+        self._account(batch, results, time.perf_counter() - t0)
+        return results
+
+    def _generate_kwargs(self, batch: list[Request], pad: int) -> dict:
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        s = batch[0].sampling
+        max_new = max(r.sampling.max_new_tokens for r in batch)
+        cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=pad,
+                               eos_token_id=sorted(self.loaded.eos_token_ids), num_beams=1)
+        if s.ignore_eos:
+            cfg.min_new_tokens = max_new
+        kwargs: dict = {"generation_config": cfg}
+        if s.stop:
+            kwargs.update(stop_strings=list(s.stop), tokenizer=self.loaded.tokenizer)
+        if not s.greedy:
+            kwargs["logits_processor"] = LogitsProcessorList([RowSampler(batch, self.loaded.device)])
+        return kwargs
+
+    def _trim(self, r: Request, toks: list[int]) -> list[int]:
+        """Drop padding after a row finished and tokens past the row's own max_new_tokens."""
+        return toks[: r.sampling.max_new_tokens]
+
+    def _account(self, batch: list[Request], results: list[Result], seconds: float) -> None:
+        st = self.stats
+        st.steps += 1
+        st.engine_seconds += seconds
+        st.forward_seconds += seconds
+        st.prefill_tokens += sum(r.num_prompt_tokens for r in batch)
+        st.decode_tokens += sum(r.usage.completion_tokens for r in results)
+        st.step_log.append({"t": time.time(), "num_running": len(batch),
+                            "batch_tokens": sum(r.num_prompt_tokens for r in batch),
+                            "step_seconds": seconds})
+
+
+class RowSampler:
+    """A logits processor that samples each row with its own generator and forces that token.
+
+    generate() runs greedy; this processor leaves only the sampled token finite, so greedy picks
+    it. Rows keep their own torch.Generator seeded from Request.seq_seed.
+    """
+
+    def __init__(self, batch: list[Request], device) -> None:
+        import torch
+
+        self.params = [r.sampling for r in batch]
+        self.gens = [torch.Generator(device=device).manual_seed(r.seq_seed) for r in batch]
+
+    def __call__(self, input_ids, scores):  # scores: (B, V)
+        import torch
+
+        from jobrunner.engine.sampling import sample_row
+
+        out = torch.full_like(scores, float("-inf"))
+        for i, (p, g) in enumerate(zip(self.params, self.gens)):
+            out[i, sample_row(scores[i].float(), p, g)] = 0.0
+        return out

@@ -1,0 +1,156 @@
+"""run_job(cfg): read -> prepare -> generate -> write -> report.
+
+The orchestrator: everything it calls lives in a stage module. It guarantees the run-directory
+promises of DESIGN.md: a finished job is not touched again, a resumed job skips committed rows,
+and whatever happens, finished rows are committed before we return or raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobrunner.config import JobConfig
+from jobrunner.errors import InputDataError, Interrupted
+from jobrunner.io.committer import Committer
+from jobrunner.io.rundir import Manifest, RunDir
+from jobrunner.telemetry.device import detect_device
+from jobrunner.telemetry.prices import hourly_rate
+from jobrunner.telemetry.progress import Progress
+from jobrunner.telemetry.report import write_reports
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    restart: bool = False
+    retry_errors: bool = False
+
+
+@dataclass
+class JobSummary:
+    status: str  # "done" | "nothing_to_do" | "interrupted"
+    output: str
+    rows: dict[str, int] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "output": self.output, "rows": self.rows,
+                "cost_usd": round(self.cost_usd, 8)}
+
+
+def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
+    from jobrunner.resume import open_run
+
+    opts = opts or RunOptions()
+    rundir = RunDir(cfg.output.path, _shard_format(cfg))
+    if rundir.finished and not opts.restart:
+        return _summary("nothing_to_do", rundir)
+    with open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
+        return _generate(cfg, rundir, manifest, skip_ids, total_rows)
+
+
+def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
+              total_rows: int) -> JobSummary:
+    from jobrunner.engine.base import make_engine
+    from jobrunner.engine.loader import load_model
+    from jobrunner.prep.stream import PrepStream
+
+    t0 = time.monotonic()
+    device = detect_device()
+    usd_per_hour, price_source = hourly_rate(device, cfg.cost.gpu_hour_usd)
+    loaded = load_model(cfg.model)
+    engine = make_engine(loaded, cfg)
+    load_seconds = time.monotonic() - t0
+    stream = PrepStream(cfg, loaded.tokenizer, skip_ids, order=_order(cfg)).start()
+    committer = Committer(rundir, manifest, loaded.source.name, usd_per_hour,
+                          cfg.output.shard_rows, cfg.output.shard_seconds, stream.drain_errors)
+    committer.start_clock(since=t0)  # model load is paid for too: charged to the first rows
+    progress = Progress(total_rows - len(skip_ids))
+    interrupted = _run_engine(engine, stream, committer, progress)
+    committer.commit()
+    progress.close()
+    _record_run(manifest, cfg, engine, stream, device, usd_per_hour, price_source,
+                time.monotonic() - t0, load_seconds)
+    rundir.save_manifest(manifest)
+    if interrupted:
+        write_reports(rundir)
+        raise Interrupted(f"interrupted: {committer.rows_committed} rows committed to"
+                          f" {rundir.path}; run the same command again to continue")
+    rundir.mark_success(manifest)
+    summary = _summary("done", rundir)
+    _check_error_rate(cfg, summary)
+    return summary
+
+
+def _run_engine(engine, stream, committer: Committer, progress: Progress) -> bool:
+    """Drive the engine to the end of the input, or to a SIGTERM/SIGINT. True if interrupted."""
+    state = {"signals": 0}
+
+    def on_signal(signum, frame):
+        state["signals"] += 1
+        if state["signals"] > 1:
+            raise KeyboardInterrupt  # second signal: leave at once (commits are atomic)
+        log.warning("signal %s: finishing committed work and exiting", signum)
+        engine.request_stop()
+        stream.stop()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for result in engine.generate(stream.requests()):
+            done = [result, *stream.fan_out(result)]
+            committer.add(done)
+            progress.advance(done)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        stream.stop()
+    return state["signals"] > 0
+
+
+def _order(cfg: JobConfig):
+    try:
+        from jobrunner.prep.order import order_requests
+    except ImportError:
+        return None
+    return lambda reqs: order_requests(reqs, cfg.engine.order_window)
+
+
+def _record_run(manifest: Manifest, cfg: JobConfig, engine, stream, device, usd_per_hour: float,
+                price_source: str, wall: float, load_seconds: float) -> None:
+    st = engine.stats
+    manifest.runs.append({
+        "job": cfg.name, "model": cfg.model.source, "engine": engine.kind,
+        "wall_seconds": wall, "load_seconds": load_seconds, "engine_seconds": st.engine_seconds,
+        "forward_seconds": st.forward_seconds, "steps": st.steps, "preemptions": st.preemptions,
+        "oom_retries": st.oom_retries, "deduplicated": stream.deduplicated,
+        "skipped": stream.skipped, "device_name": device.name, "device_kind": device.kind,
+        "device_count": device.count, "usd_per_hour": usd_per_hour, "price_source": price_source,
+        "notes": list(st.notes), "finished_at": time.time(),
+    })
+
+
+def _summary(status: str, rundir: RunDir) -> JobSummary:
+    from jobrunner.telemetry.report import load_report
+
+    report = write_reports(rundir) if status != "nothing_to_do" else load_report(rundir.path)
+    rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}
+    return JobSummary(status, str(rundir.path), rows, report["cost"]["cost_usd"], report)
+
+
+def _check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
+    total = summary.rows["succeeded"] + summary.rows["failed"]
+    rate = summary.rows["failed"] / total if total else 0.0
+    if rate > cfg.input.max_error_rate:
+        raise InputDataError(
+            f"{summary.rows['failed']} of {total} rows failed ({rate:.1%}, over"
+            f" input.max_error_rate {cfg.input.max_error_rate:.1%}); see {summary.output}/errors.jsonl")
+
+
+def _shard_format(cfg: JobConfig) -> str:
+    return "jsonl" if cfg.output.format in ("jsonl", "openai-batch") else "parquet"

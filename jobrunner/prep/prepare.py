@@ -1,0 +1,126 @@
+"""Turn raw rows into Requests: ids, prompt rendering, tokenization and per-row validation.
+
+Every row becomes exactly one Request or one RowError (with file, row/line and field), so a bad
+row never stops the job. Tokenization is batched: the fast tokenizer works on a list at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from jobrunner.config import JobConfig
+from jobrunner.io.readers import Item, RawRow
+from jobrunner.prep.render import PromptRenderer, RenderError
+from jobrunner.types import Request, RowError, RowRef, SamplingParams
+
+RESULT_COLUMNS = {"id", "completion", "finish_reason", "prompt_tokens", "cached_tokens",
+                  "completion_tokens", "cost_usd", "model"}
+
+
+def derived_id(ref: RowRef) -> str:
+    return f"{os.path.basename(ref.file)}:{ref.row}"
+
+
+def row_seed(seed: int, row_id: str) -> int:
+    """A per-row seed: the same row and job seed sample the same text in any batch."""
+    digest = hashlib.blake2b(f"{seed}\x00{row_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def sampling_params(cfg: JobConfig) -> SamplingParams:
+    g = cfg.generation
+    return SamplingParams(g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.seed,
+                          tuple(g.stop), g.ignore_eos)
+
+
+class Preparer:
+    """Stateful per job: remembers, per input file, whether it carries an id column."""
+
+    def __init__(self, cfg: JobConfig, tokenizer: Any) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.renderer = PromptRenderer(cfg.input, tokenizer)
+        self.sampling = sampling_params(cfg)
+        self._file_has_ids: dict[str, bool] = {}
+
+    def prepare(self, items: Iterable[Item], batch_rows: int = 256) -> Iterator[Request | RowError]:
+        """Requests and RowErrors, in input order."""
+        batch: list[Item] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) >= batch_rows:
+                yield from self.prepare_batch(batch)
+                batch = []
+        if batch:
+            yield from self.prepare_batch(batch)
+
+    def prepare_batch(self, items: list[Item]) -> list[Request | RowError]:
+        out: list[Request | RowError | tuple[str, RawRow, str]] = [self._render(i) for i in items]
+        todo = [k for k, o in enumerate(out) if isinstance(o, tuple)]
+        texts = [out[k][2] for k in todo]
+        encoded = self.tokenizer(texts, add_special_tokens=self.renderer.adds_special_tokens)["input_ids"] if texts else []
+        for k, ids in zip(todo, encoded):
+            row_id, raw, text = out[k]
+            out[k] = self._request(row_id, raw, text, list(ids))
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ per row
+
+    def _render(self, item: Item) -> RowError | tuple[str, RawRow, str]:
+        if isinstance(item, RowError):
+            return item
+        row_id = self.row_id(item)
+        if isinstance(row_id, RowError):
+            return row_id
+        try:
+            return row_id, item, self.renderer.render(item.values)
+        except RenderError as e:
+            return RowError(e.code, f"{item.source}: {e}", item.source, row_id, e.field)
+
+    def row_id(self, raw: RawRow) -> str | RowError:
+        col = self.cfg.input.id_column
+        has_ids = self._file_has_ids.setdefault(raw.source.file, bool(col) and col in raw.values)
+        if not has_ids:
+            return derived_id(raw.source)
+        v = raw.values.get(col)
+        if v is None:
+            return RowError("missing_id", f"{raw.source}: the id column {col!r} is null or missing",
+                            raw.source, None, col)
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            return RowError("bad_type", f"{raw.source}: id {col!r} must be a string or integer,"
+                            f" got {type(v).__name__}", raw.source, None, col)
+        if isinstance(v, str) and not v.strip():
+            return RowError("missing_id", f"{raw.source}: the id {col!r} is empty", raw.source, None, col)
+        return str(v)
+
+    def _request(self, row_id: str, raw: RawRow, text: str, ids: list[int]) -> Request | RowError:
+        limit = self.cfg.model.max_model_len - 1  # room for at least one new token
+        if len(ids) > limit:
+            policy = self.cfg.input.on_too_long
+            if policy == "error":
+                return RowError("too_long", f"{raw.source}: the prompt has {len(ids)} tokens;"
+                                f" max_model_len {limit + 1} leaves no room to generate (set"
+                                " input.on_too_long to truncate_left or truncate_right to cut it)",
+                                raw.source, row_id, self.cfg.input.prompt.column)
+            ids = ids[-limit:] if policy == "truncate_left" else ids[:limit]
+        room = self.cfg.model.max_model_len - len(ids)
+        sampling = self.sampling
+        if sampling.max_new_tokens > room:
+            sampling = SamplingParams(**{**sampling.__dict__, "max_new_tokens": room})
+        return Request(row_id, ids, sampling, raw.source, text, self._priority(raw),
+                       row_seed(self.sampling.seed, row_id), self._columns(raw))
+
+    def _priority(self, raw: RawRow) -> int:
+        col = self.cfg.input.priority_column
+        v = raw.values.get(col) if col else None
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    def _columns(self, raw: RawRow) -> dict[str, Any]:
+        if not self.cfg.output.keep_input_columns:
+            return {}
+        skip = self.cfg.input.id_column
+        return {(f"input_{k}" if k in RESULT_COLUMNS else k): v
+                for k, v in raw.values.items() if k != skip}

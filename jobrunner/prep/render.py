@@ -1,0 +1,110 @@
+"""Render a row into prompt text: a text column, chat messages, or a template over columns.
+
+Templates use `{column}` fields only (no attribute or index access, no code execution). Text
+prompts go through the tokenizer's chat template as a user message when the model has one and
+`input.use_chat_template` is on, so instruct models get the format they were trained on.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from jobrunner.config import InputConfig
+
+
+class RenderError(ValueError):
+    def __init__(self, code: str, message: str, field: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a template uses; rejects `{a.b}`, `{a[0]}` and positional `{}`."""
+    names = []
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not name.isidentifier():
+            raise RenderError("bad_template", f"template field {{{name}}}: use plain column names")
+        names.append(name)
+    return names
+
+
+class PromptRenderer:
+    def __init__(self, cfg: InputConfig, tokenizer: Any) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.use_chat = bool(cfg.use_chat_template and getattr(tokenizer, "chat_template", None))
+        self.fields = template_fields(cfg.prompt.template) if cfg.prompt.template else []
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        """Chat-templated text already holds the special tokens; plain text gets the defaults."""
+        return not self.use_chat and not self.cfg.prompt.messages_column
+
+    def render(self, values: dict[str, Any]) -> str:
+        p = self.cfg.prompt
+        if p.messages_column:
+            return self.chat(self._messages(values, p.messages_column))
+        text = self._column_text(values, p.column) if p.column else self._template(values)
+        if not text.strip():
+            raise RenderError("empty_prompt", "the prompt is empty or whitespace only", p.column)
+        if not self.use_chat:
+            return f"{self.cfg.system_prompt}\n\n{text}" if self.cfg.system_prompt else text
+        return self.chat([{"role": "user", "content": text}])
+
+    def chat(self, messages: list[dict[str, str]]) -> str:
+        if self.cfg.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RenderError("no_chat_template", "the model's tokenizer has no chat template")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _column_text(self, values: dict[str, Any], column: str) -> str:
+        if column not in values:
+            raise RenderError("missing_field", f"the prompt column {column!r} is missing", column)
+        v = values[column]
+        if v is None:
+            raise RenderError("empty_prompt", f"the prompt column {column!r} is null", column)
+        if not isinstance(v, str):
+            raise RenderError("bad_type", f"{column!r} must be a string, got {type(v).__name__}", column)
+        return v
+
+    def _template(self, values: dict[str, Any]) -> str:
+        missing = [f for f in self.fields if f not in values or values[f] is None]
+        if missing:
+            raise RenderError("missing_field", f"template fields missing or null: {missing}", missing[0])
+        return self.cfg.prompt.template.format_map({f: values[f] for f in self.fields})
+
+    def _messages(self, values: dict[str, Any], column: str) -> list[dict[str, str]]:
+        if column not in values or values[column] is None:
+            raise RenderError("missing_field", f"the messages column {column!r} is missing", column)
+        msgs = values[column]
+        if isinstance(msgs, str):
+            import json
+
+            try:
+                msgs = json.loads(msgs)
+            except ValueError as e:
+                raise RenderError("bad_type", f"{column!r}: not a JSON list of messages", column) from e
+        return validate_messages(msgs, column)
+
+
+def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str]]:
+    if not isinstance(msgs, list) or not msgs:
+        raise RenderError("bad_type", f"{column!r} must be a non-empty list of messages", column)
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RenderError("bad_type", f"{column}[{i}] must be an object with a role", column)
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise RenderError("bad_type", f"{column}[{i}].content must be a string", column)
+        out.append({"role": m["role"], "content": content})
+    if not any(m["content"].strip() for m in out):
+        raise RenderError("empty_prompt", f"every message in {column!r} is empty", column)
+    return out

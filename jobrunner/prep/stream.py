@@ -1,0 +1,137 @@
+"""Stage 1 in the background: read, render, tokenize, validate, dedup, order, ahead of the engine.
+
+A worker thread fills a bounded queue; the engine pulls Requests from `requests()`. Rows already
+committed are skipped; rows rejected at input go to `errors` (drained by the committer). Exact
+duplicate greedy requests run once: the first is the leader and the rest ride along until its
+result fans out to them (`followers`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from jobrunner.config import JobConfig
+from jobrunner.io.readers import read_rows
+from jobrunner.prep.prepare import Preparer
+from jobrunner.types import Request, Result, RowError
+
+_END = object()
+
+
+def dedup_key(r: Request) -> bytes | None:
+    """Identical prompt and parameters under greedy decoding give identical output."""
+    if not r.sampling.greedy:
+        return None
+    h = hashlib.blake2b(repr((r.prompt_token_ids, r.sampling)).encode(), digest_size=16)
+    return h.digest()
+
+
+class PrepStream:
+    def __init__(self, cfg: JobConfig, tokenizer: Any, skip_ids: set[str],
+                 order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
+                 depth: int = 4096) -> None:
+        self.cfg = cfg
+        self.preparer = Preparer(cfg, tokenizer)
+        self.skip_ids = skip_ids
+        self.order = order or (lambda reqs: reqs)
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._lock = threading.Lock()
+        self._errors: list[RowError] = []
+        self._inflight: dict[bytes, list[Request]] = {}  # leader key -> followers
+        self._leader_key: dict[str, bytes] = {}
+        self.skipped = 0
+        self.deduplicated = 0
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobrunner-prep", daemon=True)
+
+    def start(self) -> PrepStream:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def requests(self) -> Iterator[Request]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                if self.failure:
+                    raise self.failure
+                return
+            yield item
+
+    def drain_errors(self) -> list[RowError]:
+        with self._lock:
+            out, self._errors = self._errors, []
+        return out
+
+    def fan_out(self, leader: Result) -> list[Result]:
+        """The leader's result copied to each follower; cost is split across all of them."""
+        with self._lock:
+            key = self._leader_key.pop(leader.id, None)
+            followers = self._inflight.pop(key, []) if key else []
+        if not followers:
+            return []
+        from dataclasses import replace
+
+        leader.shared_with = 1 + len(followers)
+        return [replace(leader, id=f.id, source=f.source, columns=f.columns, meta=f.meta,
+                        usage=replace(leader.usage)) for f in followers]
+
+    # ---------------------------------------------------------------- worker
+
+    def _run(self) -> None:
+        try:
+            items = read_rows(self.cfg.input.path, self.cfg.input.format, self.cfg.input.batch_rows)
+            for req in self.order(self._fresh(self.preparer.prepare(items))):
+                if self._stop.is_set():
+                    break
+                self._put(req)
+        except BaseException as e:  # surfaced in the engine's thread by requests()
+            self.failure = e
+        finally:
+            self._put(_END)
+
+    def _put(self, item: object) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        if item is _END:  # make room so the consumer always sees the end
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                pass
+
+    def _fresh(self, prepared: Iterable[Request | RowError]) -> Iterator[Request]:
+        for item in prepared:
+            row_id = item.id
+            if row_id is not None and row_id in self.skip_ids:
+                self.skipped += 1
+                continue
+            if isinstance(item, RowError):
+                with self._lock:
+                    self._errors.append(item)
+                continue
+            if not self._is_follower(item):
+                yield item
+
+    def _is_follower(self, r: Request) -> bool:
+        key = dedup_key(r)
+        if key is None:
+            return False
+        with self._lock:
+            if key in self._inflight:
+                self._inflight[key].append(r)
+                self.deduplicated += 1
+                return True
+            self._inflight[key] = []
+            self._leader_key[r.id] = key
+        return False

@@ -1,0 +1,113 @@
+"""Block manager: exact block ids, prefix-cache hits, LRU eviction order."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobrunner.sched import BlockManager, Sequence
+from jobrunner.types import Request, SamplingParams
+
+
+def make_seq(tokens: list[int], rid: str = "r") -> Sequence:
+    return Sequence(Request(rid, tokens, SamplingParams()), max_new_tokens=8, eos_token_ids=frozenset())
+
+
+def computed(bm: BlockManager, seq: Sequence, n: int) -> None:
+    """Allocate n more tokens, then mark them computed (as a finished step does)."""
+    assert bm.append_slots(seq, n)
+    seq.num_computed_tokens += n
+    bm.cache_full_blocks(seq)
+
+
+def test_allocation_takes_lowest_free_ids_in_order():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(list(range(10)))
+    computed(bm, a, 10)
+    assert a.block_table == [0, 1, 2]
+    assert bm.num_free_blocks == 5
+    assert len(a.block_hashes) == 2  # only full blocks are named
+
+
+def test_append_slots_without_room_changes_nothing():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    a = make_seq(list(range(12)))
+    assert not bm.append_slots(a, 12)
+    assert a.block_table == [] and bm.num_free_blocks == 2
+
+
+def test_shared_head_hits_and_ref_counts():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(list(range(10)))
+    computed(bm, a, 10)
+    b = make_seq(list(range(8)) + [99, 98, 97])
+    hits = bm.cached_prefix(b)
+    assert hits == [0, 1]
+    assert bm.num_blocks_to_admit(hits, 11) == 1  # blocks 0, 1 live: only the tail is new
+    bm.take_prefix(b, hits)
+    assert b.num_computed_tokens == 8
+    assert bm.ref_counts[:2] == [2, 2]
+    assert bm.num_hits == 2
+    computed(bm, b, 3)
+    assert b.block_table == [0, 1, 3]
+
+
+def test_always_leaves_one_token_to_compute():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(list(range(8)))
+    computed(bm, a, 8)
+    assert bm.cached_prefix(make_seq(list(range(8)))) == [0]  # not [0, 1]
+    assert bm.cached_prefix(make_seq(list(range(9)))) == [0, 1]
+
+
+def test_chained_hash_needs_the_same_head():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    computed(bm, make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0]), 9)
+    # same second block, different first block: no hit at all
+    assert bm.cached_prefix(make_seq([9, 9, 9, 9, 5, 6, 7, 8, 0])) == []
+
+
+def test_eviction_order_is_lru_and_uncached_blocks_go_first():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = make_seq(list(range(10)))
+    computed(bm, a, 10)  # blocks 0, 1 named, 2 partial
+    b = make_seq(list(range(100, 109)))
+    computed(bm, b, 9)  # blocks 3, 4 named, 5 partial
+    bm.free(a)  # tail first: 2 -> free list, then 1, 0 -> evictable
+    bm.free(b)  # 5 -> free list, then 4, 3 -> evictable
+    assert list(bm.free_ids) == [2, 5]
+    assert list(bm.evictable) == [1, 0, 4, 3]
+    c = make_seq(list(range(200, 216)))
+    computed(bm, c, 16)
+    assert c.block_table == [2, 5, 1, 0]  # unnamed blocks first, then least recently freed
+    assert bm.num_evictions == 2
+    assert bm.cached_prefix(make_seq(list(range(10)))) == []  # a's head was evicted
+    assert bm.cached_prefix(make_seq(list(range(100, 109)))) == [3, 4]  # b's survived
+
+
+def test_hit_on_evictable_block_revives_it():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = make_seq(list(range(9)))
+    computed(bm, a, 9)
+    bm.free(a)
+    b = make_seq(list(range(9)))
+    hits = bm.cached_prefix(b)
+    assert hits == [0, 1]
+    assert bm.num_blocks_to_admit(hits, 9) == 3  # two revived + one new
+    bm.take_prefix(b, hits)
+    assert list(bm.evictable) == [] and bm.ref_counts[:2] == [1, 1]
+
+
+@pytest.mark.parametrize("enabled", [False])
+def test_prefix_caching_off_never_hits(enabled):
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=enabled)
+    computed(bm, make_seq(list(range(10))), 10)
+    assert bm.cached_prefix(make_seq(list(range(10)))) == []
+    assert bm.hash_to_block == {}
+
+
+def test_sched_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, jobrunner.sched, jobrunner.prep.order; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,216 @@
+"""The paged engine against HF transformers (the oracle), plus its failure paths.
+
+Greedy float32 tokens must equal `model.generate` (batch 1) token for token.
+"""
+
+from __future__ import annotations
+
+import pydoc_data.topics
+import pytest
+import torch
+
+from jobrunner.config import JobConfig, ModelConfig
+from jobrunner.types import FinishReason, Request, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW = 16
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain recursion to a child, with an example.",
+    "List three prime numbers greater than 50.",
+    "How do vaccines train the immune system?",
+    "Translate 'good morning' into Spanish and German.",
+    "Why is the sky blue?",
+    "Give me a tip for writing clean Python code.",
+    "What does HTTP status 404 mean?",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "What is the difference between a list and a tuple?",
+    "Name a famous painting by Vincent van Gogh.",
+]
+SYSTEM = (
+    "You are a meticulous assistant for a data team. Answer precisely, cite the relevant concept "
+    "by name, prefer short paragraphs, never invent facts, and say when you are unsure. "
+) * 4
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from jobrunner.engine.loader import load_model
+
+    torch.set_num_threads(2)
+    return load_model(ModelConfig(dtype="float32"))
+
+
+def chat_ids(tok, user: str, system: str | None = None) -> list[int]:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> list[list[int]]:
+    """36 real prompts: short questions, documentation texts of mixed length, shared heads."""
+    tok = loaded.tokenizer
+    topics = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)[:12]]
+    docs = [f"Summarize this documentation:\n{t[: 150 + 160 * i]}" for i, t in enumerate(topics)]
+    out = [chat_ids(tok, q) for q in QUESTIONS]
+    out += [chat_ids(tok, d) for d in docs]
+    out += [chat_ids(tok, q, SYSTEM) for q in QUESTIONS]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(loaded, prompts) -> list[list[int]]:
+    refs = []
+    for ids in prompts:
+        out = loaded.model.generate(
+            torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, attention_mask=None
+        )
+        refs.append(out[0, len(ids) :].tolist())
+    return refs
+
+
+def make_engine(loaded, kv_bytes: int, **engine):
+    from jobrunner.engine.paged import PagedEngine
+
+    cfg = JobConfig()
+    cfg.engine.kv_cache_bytes = kv_bytes
+    for k, v in engine.items():
+        setattr(cfg.engine, k, v)
+    return PagedEngine(loaded, cfg)
+
+
+def requests(prompts, **sampling) -> list[Request]:
+    params = SamplingParams(max_new_tokens=MAX_NEW, **sampling)
+    return [Request(str(i), ids, params) for i, ids in enumerate(prompts)]
+
+
+def run(engine, reqs) -> dict[str, object]:
+    return {r.id: r for r in engine.generate(reqs)}
+
+
+def assert_matches(results, reference, rows=None):
+    rows = range(len(reference)) if rows is None else rows
+    bad = [i for i in rows if results[str(i)].token_ids != reference[i]]
+    assert not bad, f"rows differing from HF generate: {bad}"
+
+
+def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, reference):
+    engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
+    results = run(engine, requests(prompts))
+    assert_matches(results, reference)
+    shared = [results[str(i)].usage.cached_tokens for i in range(24, 36)]
+    assert min(shared[1:]) >= 96  # the system prompt head is served from the cache
+    assert engine.stats.cached_tokens == sum(r.usage.cached_tokens for r in results.values())
+    r0 = results["0"]
+    assert r0.usage.prompt_tokens == len(prompts[0])
+    assert r0.usage.completion_tokens == len(r0.token_ids)
+    assert r0.completion == loaded.tokenizer.decode(r0.token_ids, skip_special_tokens=True)
+    log = engine.stats.step_log
+    assert len(log) == engine.stats.steps and {"t", "kv_blocks_used"} <= set(log[0])
+
+
+def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
+    rows = list(range(0, 36, 3))
+    engine = make_engine(loaded, 1400 * 46080)  # ~1,400 tokens of KV for 12 rows
+    results = run(engine, requests([prompts[i] for i in rows]))
+    assert engine.stats.preemptions > 0
+    remapped = {str(rows[int(k)]): v for k, v in results.items()}
+    assert_matches(remapped, reference, rows)
+
+
+def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypatch):
+    monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", "2,3")
+    engine = make_engine(loaded, 256 << 20)
+    results = run(engine, requests(prompts[:6]))
+    assert engine.stats.oom_retries == 2
+    assert engine.scheduler.max_num_seqs < 256
+    assert_matches(results, reference, range(6))
+
+
+def test_oom_on_a_single_short_row_fails_it(loaded, prompts, monkeypatch):
+    monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", ",".join(str(i) for i in range(1, 40)))
+    engine = make_engine(loaded, 64 << 20, max_num_seqs=1, max_batch_tokens=16)
+    (result,) = run(engine, requests(prompts[:1]))
+    assert result.finish_reason is FinishReason.ERROR and result.error_code == "oom"
+
+
+def test_nan_logits_fail_only_that_row(loaded, prompts, reference, monkeypatch):
+    engine = make_engine(loaded, 256 << 20)
+    forward = engine.model.forward
+
+    def poisoned(*args, **kw):
+        logits = forward(*args, **kw)
+        if engine.stats.steps == 3:
+            logits[0] = float("nan")
+        return logits
+
+    monkeypatch.setattr(engine.model, "forward", poisoned)
+    results = run(engine, requests(prompts[:4]))
+    bad = [r for r in results.values() if not r.ok]
+    assert len(bad) == 1 and bad[0].error_code == "nan_logits"
+    good = [i for i in range(4) if results[str(i)].ok]
+    assert_matches(results, reference, good)
+
+
+def test_stop_string_is_cut_and_excluded(loaded, prompts, reference):
+    tok = loaded.tokenizer
+    text = tok.decode(reference[0], skip_special_tokens=True)
+    stop = text.split()[2]
+    engine = make_engine(loaded, 256 << 20)
+    results = run(engine, requests(prompts[:3], stop=(stop,)))
+    r = results["0"]
+    assert r.finish_reason is FinishReason.STOP
+    assert r.completion == text[: text.index(stop)]
+    assert stop not in r.completion
+    assert r.token_ids == reference[0][: len(r.token_ids)]
+
+
+def test_seeded_sampling_ignores_batch_neighbours(loaded, prompts):
+    params = dict(temperature=0.8, top_p=0.9, top_k=50)
+    target = Request("t", prompts[1], SamplingParams(max_new_tokens=MAX_NEW, **params), seq_seed=7)
+    alone = run(make_engine(loaded, 256 << 20), [target])["t"].token_ids
+    crowd = requests(prompts[4:9], **params) + [target]
+    together = run(make_engine(loaded, 256 << 20), crowd)["t"].token_ids
+    assert alone == together and len(alone) > 0
+
+
+def test_pulls_requests_lazily_and_honours_stop(loaded, prompts):
+    pulled = []
+
+    def stream():
+        for i in range(1000):
+            pulled.append(i)
+            yield Request(str(i), prompts[i % 12], SamplingParams(max_new_tokens=4))
+
+    engine = make_engine(loaded, 256 << 20, max_num_seqs=4)
+    gen = engine.generate(stream())
+    next(gen)
+    assert len(pulled) <= 2 * 4 + 4 + 1
+    engine.request_stop()
+    rest = list(gen)
+    assert len(rest) < 20 and len(pulled) < 30
+    assert engine.stats.engine_seconds > 0 and engine.stats.busy_fraction > 0
+
+
+def test_rejects_prompts_that_cannot_fit(loaded):
+    engine = make_engine(loaded, 256 << 20)
+    reqs = [Request("empty", [], SamplingParams()), Request("long", [1] * 5000, SamplingParams())]
+    results = run(engine, reqs)
+    assert results["empty"].error_code == "empty_prompt"
+    assert results["long"].error_code == "prompt_too_long"
+
+
+def test_supports_names_unknown_architectures(loaded):
+    from jobrunner.engine.paged.model import unsupported_reason
+
+    class Fake:
+        class config:  # noqa: N801
+            model_type = "gpt2"
+
+    assert unsupported_reason(loaded.model, 2048) is None
+    assert "gpt2" in unsupported_reason(Fake, 2048)
