@@ -101,6 +101,15 @@ class CostConfig(_Strict):
     gpu_hour_usd: float | None = Field(None, ge=0.0)
 
 
+class RayConfig(_Strict):
+    """`executor: ray` only. Execution details: they never change the results."""
+
+    address: str | None = None  # null: $RAY_ADDRESS, else a local cluster on this machine
+    num_workers: int | None = Field(None, ge=1)  # null: one per GPU (CPU-only: per cpus_per_worker)
+    cpus_per_worker: float = Field(1.0, gt=0)  # CPU cores per worker (CPU-only clusters: its threads)
+    block_rows: int = Field(256, ge=1)  # rows per block: the unit of work, retry and commit
+
+
 class JobConfig(_Strict):
     name: str = "job"
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -110,6 +119,7 @@ class JobConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     executor: Literal["local", "ray"] = "local"
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     # Where the job file lives; relative input/output paths resolve against the working dir.
     source_file: str | None = Field(None, exclude=True)

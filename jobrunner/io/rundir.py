@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class RunDir:
     # ---------------------------------------------------------------- commit
 
     def next_shard_name(self) -> str:
-        nums = [int(p.name.split("-")[1].split(".")[0]) for p in self.shard_files()]
+        # Only plain `part-NNNNN` names: other executors name theirs `part-r0001-b00000` etc.
+        nums = [int(m[1]) for p in self.shard_files() if (m := re.match(r"part-(\d+)\.", p.name))]
         return f"part-{(max(nums) + 1 if nums else 0):05d}{SUFFIX[self.fmt]}"
 
     def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
