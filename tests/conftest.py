@@ -1,0 +1,34 @@
+"""Shared fixtures: the real built-in model (loaded once), small job files, CPU-friendly env."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JOBRUNNER_NO_PROGRESS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "samples"
+
+
+@pytest.fixture(scope="session")
+def model_f32():
+    """The real SmolLM2-135M-Instruct in float32 (the correctness oracle's dtype)."""
+    from jobrunner.config import ModelConfig
+    from jobrunner.engine.loader import load_model
+
+    return load_model(ModelConfig(dtype="float32"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_f32):
+    return model_f32.tokenizer
+
+
+def write_job(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path

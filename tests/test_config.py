@@ -1,0 +1,72 @@
+"""Job-file loading: typed values, errors naming file, line and key path, overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobrunner.config import load_job
+from jobrunner.errors import EXIT_CONFIG, ConfigError
+from tests.conftest import write_job
+
+
+def test_defaults_and_values(tmp_path):
+    cfg = load_job(write_job(tmp_path / "job.yaml", "name: x\ngeneration:\n  max_new_tokens: 7\n"))
+    assert cfg.name == "x"
+    assert cfg.generation.max_new_tokens == 7
+    assert cfg.engine.kind == "paged"
+    assert cfg.input.prompt.column == "prompt"
+
+
+def test_bad_value_names_file_line_and_key(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\n\n\n\n\ngeneration:\n  temperature: -1\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(job)
+    assert str(e.value) == f"{job}:7 generation.temperature: must be >= 0.0, got -1"
+    assert e.value.exit_code == EXIT_CONFIG
+
+
+def test_unknown_key_is_refused_with_its_line(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\nmodel:\n  source: a/b\n  dtyp: float32\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:4 model.dtyp: unknown key"):
+        load_job(job)
+
+
+def test_literal_lists_the_allowed_values(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "engine:\n  kind: turbo\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:2 engine.kind: must be one of 'auto', 'paged' or 'static', got 'turbo'"):
+        load_job(job)
+
+
+def test_prompt_needs_exactly_one_source(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "input:\n  prompt: {column: a, template: 'x {a}'}\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:2 input.prompt: give exactly one of"):
+        load_job(job)
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\n")
+    cfg = load_job(job, ["generation.max_new_tokens=64", "generation.stop=[a, b]",
+                         "engine.prefix_caching=false", "input.system_prompt=null"])
+    assert cfg.generation.max_new_tokens == 64
+    assert cfg.generation.stop == ["a", "b"]
+    assert cfg.engine.prefix_caching is False
+    assert cfg.input.system_prompt is None
+
+
+def test_bad_override_is_a_config_error(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\n")
+    with pytest.raises(ConfigError, match="generation.max_new_tokens"):
+        load_job(job, ["generation.max_new_tokens=0"])
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_job(job, ["generation.max_new_tokens"])
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\nmodel: [\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:\d+: not valid YAML"):
+        load_job(job)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the job file"):
+        load_job(tmp_path / "nope.yaml")

@@ -1,0 +1,89 @@
+"""Rows become Requests or per-row errors: ids, rendering, tokenization, length policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobrunner.config import JobConfig
+from jobrunner.io.readers import RawRow
+from jobrunner.prep.prepare import Preparer, row_seed
+from jobrunner.prep.render import RenderError, template_fields
+from jobrunner.types import Request, RowError, RowRef
+
+
+def cfg(**input_kw) -> JobConfig:
+    c = JobConfig()
+    for k, v in input_kw.items():
+        setattr(c.input, k, v)
+    return c
+
+
+def raw(values, row=0, file="in.jsonl"):
+    return RawRow(values, RowRef(file, row, line=row + 1))
+
+
+def test_text_prompt_goes_through_the_chat_template(tokenizer):
+    (req,) = Preparer(cfg(), tokenizer).prepare_batch([raw({"id": 1, "prompt": "Hi there"})])
+    assert isinstance(req, Request)
+    assert req.id == "1"
+    assert req.prompt.startswith("<|im_start|>system") and "Hi there" in req.prompt
+    assert req.prompt_token_ids == tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
+
+
+def test_template_and_system_prompt(tokenizer):
+    c = cfg(prompt={"template": "Summarize: {text}"}, system_prompt="Be brief.", use_chat_template=False)
+    (req,) = Preparer(c, tokenizer).prepare_batch([raw({"id": "a", "text": "cats"})])
+    assert req.prompt == "Be brief.\n\nSummarize: cats"
+
+
+def test_messages_column_accepts_lists_and_json_text(tokenizer):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    c = cfg(prompt={"messages_column": "messages"})
+    a, b = Preparer(c, tokenizer).prepare_batch(
+        [raw({"id": "a", "messages": msgs}), raw({"id": "b", "messages": '[{"role": "user", "content": "What is 2+2?"}]'}, 1)])
+    assert a.prompt_token_ids == b.prompt_token_ids
+    assert a.prompt.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("values, code, field", [
+    ({"id": "a", "prompt": "   "}, "empty_prompt", "prompt"),
+    ({"id": "a"}, "missing_field", "prompt"),
+    ({"id": "a", "prompt": 5}, "bad_type", "prompt"),
+    ({"id": None, "prompt": "x"}, "missing_id", "id"),
+    ({"id": [1], "prompt": "x"}, "bad_type", "id"),
+])
+def test_bad_rows_become_errors_naming_the_field(tokenizer, values, code, field):
+    first = raw({"id": "ok", "prompt": "fine"})
+    ok, (err,) = Preparer(cfg(), tokenizer).prepare_batch([first])[0], Preparer(cfg(), tokenizer).prepare_batch([first, raw(values, 3)])[1:]
+    assert isinstance(ok, Request)
+    assert isinstance(err, RowError)
+    assert (err.code, err.field, err.source.line) == (code, field, 4)
+    assert "in.jsonl:line 4" in err.message
+
+
+def test_too_long_policy(tokenizer):
+    long = {"id": "a", "prompt": "word " * 400}
+    c = cfg(use_chat_template=False)
+    c.model.max_model_len = 64
+    (err,) = Preparer(c, tokenizer).prepare_batch([raw(long)])
+    assert err.code == "too_long" and "on_too_long" in err.message
+    c.input.on_too_long = "truncate_left"
+    (req,) = Preparer(c, tokenizer).prepare_batch([raw(long)])
+    assert req.num_prompt_tokens == 63 and req.sampling.max_new_tokens == 1
+
+
+def test_ids_are_derived_when_the_file_has_none(tokenizer):
+    a, b = Preparer(cfg(), tokenizer).prepare_batch([raw({"prompt": "x"}, 0, "d/f.jsonl"), raw({"prompt": "y"}, 1, "d/f.jsonl")])
+    assert (a.id, b.id) == ("f.jsonl:0", "f.jsonl:1")
+
+
+def test_row_seed_depends_on_row_and_job_seed_only():
+    assert row_seed(0, "a") == row_seed(0, "a")
+    assert len({row_seed(0, "a"), row_seed(0, "b"), row_seed(1, "a")}) == 3
+
+
+def test_template_rejects_code_like_fields():
+    assert template_fields("x {a} {b}") == ["a", "b"]
+    for bad in ("{a.__class__}", "{a[0]}", "{}"):
+        with pytest.raises(RenderError):
+            template_fields(bad)
