@@ -16,6 +16,7 @@ from typing import Any
 from jobrunner.config import JobConfig
 from jobrunner.errors import InputDataError, Interrupted
 from jobrunner.io.committer import Committer
+from jobrunner.io.outputs import output_format
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import hourly_rate
@@ -48,7 +49,8 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
     from jobrunner.resume import open_run
 
     opts = opts or RunOptions()
-    rundir = RunDir(cfg.output.path, _shard_format(cfg))
+    out = output_format(cfg.output.format)
+    rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart:
         return _summary("nothing_to_do", rundir)
     with open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
@@ -60,8 +62,10 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
     from jobrunner.engine.base import make_engine
     from jobrunner.engine.loader import load_model
     from jobrunner.prep.stream import PrepStream
+    from jobrunner.telemetry.run import RunTelemetry
 
     t0 = time.monotonic()
+    telemetry = RunTelemetry(rundir.path).start()
     device = detect_device()
     usd_per_hour, price_source = hourly_rate(device, cfg.cost.gpu_hour_usd)
     loaded = load_model(cfg.model)
@@ -77,11 +81,14 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
     progress.close()
     _record_run(manifest, cfg, engine, stream, device, usd_per_hour, price_source,
                 time.monotonic() - t0, load_seconds)
+    manifest.runs[-1].update(telemetry.finish(len(manifest.runs) - 1, engine.stats.step_log,
+                                              committer.savings.to_json()))
     rundir.save_manifest(manifest)
     if interrupted:
         write_reports(rundir)
         raise Interrupted(f"interrupted: {committer.rows_committed} rows committed to"
                           f" {rundir.path}; run the same command again to continue")
+    _finalize_output(cfg, rundir, manifest)
     rundir.mark_success(manifest)
     summary = _summary("done", rundir)
     _check_error_rate(cfg, summary)
@@ -152,5 +159,8 @@ def _check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
             f" input.max_error_rate {cfg.input.max_error_rate:.1%}); see {summary.output}/errors.jsonl")
 
 
-def _shard_format(cfg: JobConfig) -> str:
-    return "jsonl" if cfg.output.format in ("jsonl", "openai-batch") else "parquet"
+def _finalize_output(cfg: JobConfig, rundir: RunDir, manifest: Manifest) -> None:
+    """Files the output format assembles from the committed shards (e.g. openai-batch)."""
+    finalize = output_format(cfg.output.format).finalize
+    if finalize:
+        finalize(rundir, manifest, cfg)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.writers import result_record
-from jobrunner.telemetry.cost import share_cost
+from jobrunner.telemetry.cost import Savings, share_cost
 from jobrunner.types import Result, RowError
 
 
@@ -29,6 +29,7 @@ class Committer:
         self.pending: list[Result] = []
         self.errors: list[RowError] = []
         self.cost_usd = 0.0
+        self.savings = Savings()  # what the prefix cache and dedup saved, in USD
         self.rows_committed = 0
         self._last = time.monotonic()
 
@@ -53,7 +54,7 @@ class Committer:
         errors = self.errors + self.drain_errors()
         now = time.monotonic()
         usd = (now - self._last) * self.usd_per_second if self.pending else 0.0
-        share_cost(self.pending, usd)
+        self.savings.add(share_cost(self.pending, usd))
         records = [result_record(r, self.model_name) for r in self.pending]
         self.rundir.commit(self.manifest, records, errors)
         self.cost_usd += usd

@@ -49,3 +49,52 @@ def hourly_rate(device: DeviceInfo, override: float | None) -> tuple[float, str]
         return override * device.count, "cost.gpu_hour_usd (job file)"
     p = device_price(device)
     return p.usd_per_hour * device.count, f"{p.source}, {p.date}"
+
+
+# ---------------------------------------------------------------- API-equivalent prices
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """A hosted batch API's list price in USD per 1M tokens (input, output)."""
+
+    provider: str
+    model: str
+    usd_per_1m_input: float
+    usd_per_1m_output: float
+    source: str
+    date: str
+
+    def price(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.usd_per_1m_input
+                + completion_tokens * self.usd_per_1m_output) / 1e6
+
+
+# Batch prices (50% of the interactive price) as published by each provider at `date`. Every
+# prompt token is priced as input (no provider prompt-cache discount): a like-for-like bill for
+# the same tokens. Prices change; the date says how old these are.
+_OPENAI = ("OpenAI Batch API list price, openai.com/api/pricing", "2025-06")
+_ANTHROPIC = ("Anthropic Message Batches list price, docs.anthropic.com pricing", "2025-06")
+API_PRICES: list[ApiPrice] = [
+    ApiPrice("OpenAI", "gpt-4.1-nano", 0.05, 0.20, *_OPENAI),
+    ApiPrice("OpenAI", "gpt-4o-mini", 0.075, 0.30, *_OPENAI),
+    ApiPrice("OpenAI", "gpt-4.1-mini", 0.20, 0.80, *_OPENAI),
+    ApiPrice("OpenAI", "gpt-4o", 1.25, 5.00, *_OPENAI),
+    ApiPrice("Anthropic", "claude-3-haiku", 0.125, 0.625, *_ANTHROPIC),
+    ApiPrice("Anthropic", "claude-3.5-haiku", 0.40, 2.00, *_ANTHROPIC),
+    ApiPrice("Anthropic", "claude-sonnet-4", 1.50, 7.50, *_ANTHROPIC),
+]
+
+
+def api_equivalent(prompt_tokens: int, completion_tokens: int, own_usd: float | None = None
+                   ) -> list[dict]:
+    """What the same tokens would cost at each listed API, and how that compares to ours."""
+    out = []
+    for p in API_PRICES:
+        usd = p.price(prompt_tokens, completion_tokens)
+        out.append({"provider": p.provider, "model": p.model, "usd": usd,
+                    "usd_per_1m_input": p.usd_per_1m_input,
+                    "usd_per_1m_output": p.usd_per_1m_output,
+                    "ratio_to_ours": usd / own_usd if own_usd else None,
+                    "source": p.source, "date": p.date})
+    return out

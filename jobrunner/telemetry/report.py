@@ -1,7 +1,8 @@
 """The job report, rebuilt from the run directory alone (no model, no GPU).
 
 Totals are sums over the committed rows, so they always agree with the results; time, device
-and engine figures come from the per-invocation records in the manifest (`runs`).
+and engine figures come from the per-invocation records in the manifest (`runs`) and from the
+timelines in telemetry/. `write_reports` writes report.json, report.md, report.html, metrics.prom.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from typing import Any
 
 from jobrunner.io.rundir import RunDir
 from jobrunner.io.writers import write_text_atomic
+from jobrunner.telemetry.breakdown import time_breakdown
 from jobrunner.telemetry.cost import per_million
+from jobrunner.telemetry.prices import api_equivalent
+from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
 
 TOKEN_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd", "finish_reason"]
+ESTIMATE_FILE = "estimate.json"
 
 
 def row_totals(rundir: RunDir) -> dict[str, Any]:
@@ -55,7 +60,8 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
     last = runs[-1] if runs else {}
     device_hours = sum(r.get("wall_seconds", 0.0) * r.get("device_count", 1) for r in runs) / 3600
     tokens = t["prompt_tokens"] + t["completion_tokens"]
-    return {
+    steps = read_timeline(rundir.path, STEPS_FILE)
+    report = {
         "job": last.get("job"),
         "model": last.get("model"),
         "engine": last.get("engine"),
@@ -68,59 +74,92 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "time": {"wall_seconds": wall, "engine_seconds": engine, "forward_seconds": forward,
                  "load_seconds": sum(r.get("load_seconds", 0.0) for r in runs),
                  "engine_busy_fraction": forward / wall if wall else None,
-                 "forward_fraction_of_engine": forward / engine if engine else None},
+                 "forward_fraction_of_engine": forward / engine if engine else None,
+                 "breakdown": time_breakdown(runs, steps)},
         "throughput": {"completion_tokens_per_second": t["completion_tokens"] / wall if wall else None,
                        "total_tokens_per_second": tokens / wall if wall else None,
                        "rows_per_second": t["rows"] / wall if wall else None},
         "device": {"name": last.get("device_name"), "kind": last.get("device_kind"),
                    "count": last.get("device_count"), "device_hours": device_hours,
                    "gpu_hours": device_hours if last.get("device_kind") == "cuda" else 0.0},
-        "cost": {"cost_usd": t["cost_usd"], "usd_per_hour": last.get("usd_per_hour"),
-                 "price_source": last.get("price_source"),
-                 "usd_per_1m_input_tokens": per_million(t["cost_usd"], t["prompt_tokens"]),
-                 "usd_per_1m_output_tokens": per_million(t["cost_usd"], t["completion_tokens"]),
-                 "usd_per_1m_tokens": per_million(t["cost_usd"], tokens)},
+        "cost": _cost(t, runs, tokens),
+        "api_equivalent": api_equivalent(t["prompt_tokens"], t["completion_tokens"], t["cost_usd"]),
+        "telemetry": device_summary(read_timeline(rundir.path, DEVICE_FILE), steps),
         "engine_stats": {k: sum(r.get(k, 0) for r in runs)
                          for k in ("steps", "preemptions", "oom_retries", "deduplicated")},
         "notes": [n for r in runs for n in r.get("notes", [])],
         "runs": len(runs),
+        "finished_at": m.finished_at if m else None,
     }
-
-
-def write_reports(rundir: RunDir) -> dict[str, Any]:
-    report = build_report(rundir)
-    write_text_atomic(rundir.path / "report.json", json.dumps(report, indent=2, sort_keys=True))
-    write_text_atomic(rundir.path / "report.md", to_markdown(report))
+    report["estimate"] = compare_estimate(rundir.path / ESTIMATE_FILE, report)
     return report
 
 
-def _fmt(x: Any, spec: str = ",.2f") -> str:
-    return "n/a" if x is None else format(x, spec)
+def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    last = runs[-1] if runs else {}
+    energy = [r["energy_kwh"] for r in runs if r.get("energy_kwh") is not None]
+    cache = sum(r.get("cache_saved_usd", 0.0) for r in runs)
+    dedup = sum(r.get("dedup_saved_usd", 0.0) for r in runs)
+    usd = t["cost_usd"]
+    return {"cost_usd": usd, "usd_per_hour": last.get("usd_per_hour"),
+            "price_source": last.get("price_source"),
+            "usd_per_1m_input_tokens": per_million(usd, t["prompt_tokens"]),
+            "usd_per_1m_output_tokens": per_million(usd, t["completion_tokens"]),
+            "usd_per_1m_tokens": per_million(usd, tokens),
+            "cache_saved_usd": cache, "dedup_saved_usd": dedup,
+            "cost_without_savings_usd": usd + cache + dedup,
+            "energy_kwh": sum(energy) if energy else None}
 
 
-def to_markdown(r: dict[str, Any]) -> str:
-    rows, tok, tm, c, d = r["rows"], r["tokens"], r["time"], r["cost"], r["device"]
-    lines = [
-        f"# Job report: {r['job']}",
-        "",
-        f"Model `{r['model']}` on {d['count']} x {d['name']} ({r['engine']} engine).",
-        "",
-        "| what | value |",
-        "| --- | --- |",
-        f"| rows succeeded / failed / skipped | {rows['succeeded']} / {rows['failed']} / {rows['skipped']} |",
-        f"| prompt tokens (cached) | {tok['prompt']:,} ({tok['cached']:,}) |",
-        f"| completion tokens | {tok['completion']:,} |",
-        f"| wall / engine / forward seconds | {_fmt(tm['wall_seconds'], '.1f')} / {_fmt(tm['engine_seconds'], '.1f')} / {_fmt(tm['forward_seconds'], '.1f')} |",
-        f"| completion tokens/s | {_fmt(r['throughput']['completion_tokens_per_second'], ',.1f')} |",
-        f"| device-hours | {_fmt(d['device_hours'], '.4f')} |",
-        f"| cost | ${_fmt(c['cost_usd'], ',.6f')} at ${_fmt(c['usd_per_hour'], '.3f')}/h ({c['price_source']}) |",
-        f"| $ per 1M input tokens | ${_fmt(c['usd_per_1m_input_tokens'], ',.4f')} |",
-        f"| $ per 1M output tokens | ${_fmt(c['usd_per_1m_output_tokens'], ',.4f')} |",
-        "",
-    ]
-    if r["notes"]:
-        lines += ["Notes:", *[f"- {n}" for n in r["notes"]], ""]
-    return "\n".join(lines)
+def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means and peaks of the sampled timelines (None where nothing was measured)."""
+    def stat(device_prefix: str, key: str, fn) -> float | None:
+        vals = [s[key] for s in samples if s["device"].startswith(device_prefix) and s[key] is not None]
+        return fn(vals) if vals else None
+
+    def mean(v):
+        return sum(v) / len(v)
+
+    kv = [s["kv_blocks_used"] for s in steps if s.get("kv_blocks_used") is not None]
+    return {"samples": len(samples),
+            "gpu_util_mean_percent": stat("cuda", "util_percent", mean),
+            "gpu_power_mean_w": stat("cuda", "power_w", mean),
+            "gpu_mem_peak_bytes": stat("cuda", "mem_used_bytes", max),
+            "host_cpu_mean_percent": stat("host", "util_percent", mean),
+            "host_rss_peak_bytes": stat("host", "mem_used_bytes", max),
+            "kv_blocks_peak": max(kv) if kv else None,
+            "running_peak": max((s["num_running"] or 0 for s in steps), default=None)}
+
+
+def compare_estimate(path: Path, report: dict[str, Any]) -> dict[str, Any] | None:
+    """Predicted (by `jobrunner estimate`) against actual, with the relative error of each."""
+    if not path.is_file():
+        return None
+    est = json.loads(path.read_text(encoding="utf-8"))
+    actual = {"rows": report["rows"]["total"], "prompt_tokens": report["tokens"]["prompt"],
+              "completion_tokens": report["tokens"]["completion"],
+              "wall_seconds": report["time"]["wall_seconds"], "cost_usd": report["cost"]["cost_usd"]}
+    out: dict[str, Any] = {"created_at": est.get("created_at"),
+                           "throughput_source": est.get("throughput", {}).get("source"),
+                           "completion_source": est.get("completion_source"), "figures": {}}
+    for key, a in actual.items():
+        p = est.get(key)
+        err = (p - a) / a if p is not None and a else None
+        out["figures"][key] = {"predicted": p, "actual": a, "error_fraction": err}
+    return out
+
+
+def write_reports(rundir: RunDir) -> dict[str, Any]:
+    from jobrunner.telemetry.prom import write_metrics
+    from jobrunner.telemetry.report_html import to_html
+    from jobrunner.telemetry.report_md import to_markdown
+
+    report = build_report(rundir)
+    write_text_atomic(rundir.path / "report.json", json.dumps(report, indent=2, sort_keys=True))
+    write_text_atomic(rundir.path / "report.md", to_markdown(report))
+    write_text_atomic(rundir.path / "report.html", to_html(report, rundir))
+    write_metrics(report, rundir.path / "metrics.prom")
+    return report
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,123 @@
+"""report.html: one self-contained page (plotly's JavaScript inlined; no network needed).
+
+Headline tiles answer the three questions first (what did it cost per 1M tokens, where did the
+time go, what did the cache save); the charts and tables follow. A page-level error hook records
+script errors in `body[data-errors]`, and `body[data-charts]` counts the charts drawn (tests and
+scripts/screenshot_report.py read both).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from jobrunner.io.rundir import RunDir
+from jobrunner.telemetry import charts
+from jobrunner.telemetry.report_md import api_table, estimate_table, fmt, time_table, usd
+from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;
+color:#1d2330;padding:0 16px}
+h1{font-size:24px;margin-bottom:2px}.sub{color:#5b6475;margin-top:0}
+.tiles{display:grid;grid-template-columns:repeat(4,1fr);gap:12px;margin:18px 0}
+.tile{background:#f4f6fa;border-radius:8px;padding:12px 14px}
+.tile .v{font-size:22px;font-weight:600}.tile .k{color:#5b6475;font-size:13px}
+.chart{margin:8px 0 18px 0;border:1px solid #e6e9ef;border-radius:8px}
+table{border-collapse:collapse;margin:8px 0 18px 0;font-size:14px}
+td,th{border-bottom:1px solid #e6e9ef;padding:4px 10px;text-align:left}
+.grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}
+"""
+
+HOOK = ("<script>window.__errors=[];window.addEventListener('error',function(e){"
+        "window.__errors.push(String(e.message));document.body.dataset.errors=window.__errors.join(' | ');});"
+        "</script>")
+COUNT = ("<script>document.body.dataset.charts=String(document.querySelectorAll('.js-plotly-plot .main-svg').length"
+         " ? document.querySelectorAll('.js-plotly-plot').length : 0);"
+         "document.body.dataset.errors=window.__errors.join(' | ');</script>")
+
+
+def to_html(report: dict[str, Any], rundir: RunDir) -> str:
+    from jobrunner.telemetry.report import iter_token_columns
+
+    steps = read_timeline(rundir.path, STEPS_FILE)
+    samples = read_timeline(rundir.path, DEVICE_FILE)
+    rows = [r for r in iter_token_columns(rundir) if r["finish_reason"] != "error"]
+    figs = [charts.cost(report), charts.throughput(steps), charts.running(steps),
+            charts.device(samples), charts.lengths(rows)]
+    drawn = [f for f in figs if f is not None]
+    chart_html = [_fig_html(f, first=i == 0) for i, f in enumerate(drawn)]
+    title = html.escape(f"jobrunner report: {report['job']}")
+    d = report["device"]
+    sub = html.escape(f"model {report['model']} on {d['count']} x {d['name']}, {report['engine']}"
+                      f" engine; {report['rows']['succeeded']:,} rows succeeded,"
+                      f" {report['rows']['failed']:,} failed")
+    return "\n".join([
+        "<!doctype html><html><head><meta charset='utf-8'>", f"<title>{title}</title>",
+        f"<style>{CSS}</style>", "</head><body>", HOOK, f"<h1>{title}</h1>", f"<p class='sub'>{sub}</p>",
+        tiles(report), *chart_html, "<div class='grid2'>",
+        _md_table(time_table(report)), _md_table(api_table(report)), "</div>",
+        _md_table(estimate_table(report)), _notes(report), COUNT, "</body></html>",
+    ])
+
+
+def _fig_html(fig, first: bool) -> str:
+    body = fig.to_html(full_html=False, include_plotlyjs=first,
+                       config={"displaylogo": False, "responsive": True})
+    return f"<div class='chart'>{body}</div>"
+
+
+def tiles(r: dict[str, Any]) -> str:
+    c, tok, tm = r["cost"], r["tokens"], r["time"]
+    b = tm["breakdown"]["seconds"]
+    busiest = max(b, key=b.get) if any(b.values()) else "n/a"
+    items = [
+        (usd(c["cost_usd"], ",.4f"), "total cost"),
+        (usd(c["usd_per_1m_tokens"], ",.4f"), "per 1M tokens (in + out)"),
+        (usd(c["usd_per_1m_input_tokens"], ",.4f"), "per 1M input tokens"),
+        (usd(c["usd_per_1m_output_tokens"], ",.4f"), "per 1M output tokens"),
+        (usd(c["cache_saved_usd"], ",.4f"), f"saved by the prefix cache ({tok['cached']:,} tokens)"),
+        (usd(c["dedup_saved_usd"], ",.4f"), f"saved by dedup ({r['engine_stats']['deduplicated']} rows)"),
+        (f"{fmt(tm['wall_seconds'], ',.1f')} s", f"wall time; most in {busiest}"),
+        (f"{fmt(r['throughput']['completion_tokens_per_second'], ',.1f')}", "generated tokens/s"),
+    ]
+    if c["energy_kwh"] is not None:
+        items.append((f"{c['energy_kwh']:.4f} kWh", "GPU energy (NVML)"))
+    cells = "".join(f"<div class='tile'><div class='v'>{html.escape(v)}</div>"
+                    f"<div class='k'>{html.escape(k)}</div></div>" for v, k in items)
+    return f"<div class='tiles'>{cells}</div>"
+
+
+def _md_table(lines: list[str]) -> str:
+    """Render the Markdown tables of report_md as HTML (one renderer of the figures, two skins)."""
+    out, in_table = [], False
+    for line in lines:
+        if line.startswith("## "):
+            out.append(f"<h3>{html.escape(line[3:])}</h3>")
+        elif line.startswith("| --- "):
+            continue
+        elif line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+        else:
+            if in_table:
+                out.append("</table>")
+                in_table = False
+            if line.strip():
+                out.append(f"<p>{html.escape(line)}</p>")
+    if in_table:
+        out.append("</table>")
+    return "<div>" + "\n".join(out) + "</div>"
+
+
+def _notes(r: dict[str, Any]) -> str:
+    c = r["cost"]
+    items = [f"Device price: ${fmt(c['usd_per_hour'], '.3f')}/h ({c['price_source']}).",
+             "Each row's cost is its share of the device time by work: prompt tokens actually"
+             " computed, plus each decode step it spent in the batch; duplicates split one cost.",
+             *r["notes"]]
+    return "<h3>Notes</h3><ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in items) + "</ul>"

@@ -1,0 +1,81 @@
+"""report.md: the job report as a Markdown page (the same figures as report.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobrunner.telemetry.breakdown import PHASES
+
+
+def fmt(x: Any, spec: str = ",.2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def usd(x: float | None, spec: str = ",.6f") -> str:
+    return "n/a" if x is None else f"${format(x, spec)}"
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    lines = [f"# Job report: {r['job']}", "",
+             f"Model `{r['model']}` on {r['device']['count']} x {r['device']['name']}"
+             f" ({r['engine']} engine).", "",
+             *summary_table(r), *time_table(r), *api_table(r), *estimate_table(r)]
+    if r["notes"]:
+        lines += ["Notes:", *[f"- {n}" for n in r["notes"]], ""]
+    return "\n".join(lines)
+
+
+def summary_table(r: dict[str, Any]) -> list[str]:
+    rows, tok, tm, c, d = r["rows"], r["tokens"], r["time"], r["cost"], r["device"]
+    energy = "not measured" if c["energy_kwh"] is None else f"{c['energy_kwh']:.5f} kWh"
+    return [
+        "| what | value |",
+        "| --- | --- |",
+        f"| rows succeeded / failed / skipped | {rows['succeeded']} / {rows['failed']} / {rows['skipped']} |",
+        f"| prompt tokens (cached) | {tok['prompt']:,} ({tok['cached']:,}) |",
+        f"| completion tokens | {tok['completion']:,} |",
+        f"| wall / engine / forward seconds | {fmt(tm['wall_seconds'], '.1f')} /"
+        f" {fmt(tm['engine_seconds'], '.1f')} / {fmt(tm['forward_seconds'], '.1f')} |",
+        f"| completion tokens/s | {fmt(r['throughput']['completion_tokens_per_second'], ',.1f')} |",
+        f"| device-hours | {fmt(d['device_hours'], '.4f')} |",
+        f"| cost | {usd(c['cost_usd'])} at {usd(c['usd_per_hour'], '.3f')}/h ({c['price_source']}) |",
+        f"| $ per 1M input tokens | {usd(c['usd_per_1m_input_tokens'], ',.4f')} |",
+        f"| $ per 1M output tokens | {usd(c['usd_per_1m_output_tokens'], ',.4f')} |",
+        f"| $ per 1M tokens (input + output) | {usd(c['usd_per_1m_tokens'], ',.4f')} |",
+        f"| saved by the prefix cache | {usd(c['cache_saved_usd'])} |",
+        f"| saved by deduplication | {usd(c['dedup_saved_usd'])} |",
+        f"| energy | {energy} |",
+        "",
+    ]
+
+
+def time_table(r: dict[str, Any]) -> list[str]:
+    b = r["time"]["breakdown"]
+    lines = ["## Where the time went", "", "| phase | seconds | cost |", "| --- | --- | --- |"]
+    lines += [f"| {p} | {b['seconds'][p]:.2f} | {usd(b['usd'][p])} |" for p in PHASES
+              if b["seconds"][p] > 0]
+    return [*lines, ""]
+
+
+def api_table(r: dict[str, Any]) -> list[str]:
+    lines = ["## The same tokens at hosted batch APIs", "",
+             "| provider | model | $ in / out per 1M | cost | x ours | prices as of |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for a in r["api_equivalent"]:
+        lines.append(f"| {a['provider']} | {a['model']} | ${a['usd_per_1m_input']} / "
+                     f"${a['usd_per_1m_output']} | {usd(a['usd'])} | {fmt(a['ratio_to_ours'], ',.2f')}"
+                     f" | {a['date']} |")
+    return [*lines, ""]
+
+
+def estimate_table(r: dict[str, Any]) -> list[str]:
+    e = r.get("estimate")
+    if not e:
+        return []
+    lines = ["## Estimate vs actual", "",
+             f"Throughput model: {e['throughput_source']}; completion lengths: {e['completion_source']}.",
+             "", "| figure | predicted | actual | error |", "| --- | --- | --- | --- |"]
+    for k, f in e["figures"].items():
+        err = "n/a" if f["error_fraction"] is None else f"{f['error_fraction']:+.1%}"
+        lines.append(f"| {k} | {fmt(f['predicted'], ',.6g')} | {fmt(f['actual'], ',.6g')} | {err} |")
+    return [*lines, ""]
