@@ -55,6 +55,8 @@ def run(job: JobArg, set_: SetOpt = None,
         restart: Annotated[bool, typer.Option(help="discard earlier results in output.path")] = False,
         retry_errors: Annotated[bool, typer.Option(help="rerun only the rows that failed")] = False,
         executor: Annotated[str | None, typer.Option(help="local | ray")] = None,
+        pushgateway: Annotated[str | None, typer.Option(
+            help="push the job's metrics to this Prometheus Pushgateway at the end")] = None,
         verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
     """Run a job: every input row gets a completion; resumes where an earlier run stopped."""
     _setup_logging(verbose)
@@ -72,7 +74,43 @@ def run(job: JobArg, set_: SetOpt = None,
             e = errors.Interrupted("interrupted; run the same command again to continue")
         _fail(e)
         return
+    if pushgateway:
+        _push(summary.output, pushgateway)
     _print_summary(summary.to_json())
+
+
+def _push(run_dir: str, url: str) -> None:
+    """A failed push is logged, not fatal: the results and metrics.prom are already written."""
+    try:
+        from jobrunner.telemetry.prom import push_metrics
+
+        push_metrics(run_dir, url)
+    except Exception as e:
+        log.warning("could not push metrics to %s: %s", url, e)
+
+
+@app.command()
+def estimate(job: JobArg, set_: SetOpt = None,
+             calibrate: Annotated[int, typer.Option(
+                 help="generate N sampled rows with the real model to measure lengths and speed",
+                 min=0)] = 0,
+             verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+    """Predict rows, tokens, time and cost before running (no weights unless --calibrate)."""
+    _setup_logging(verbose)
+    try:
+        from jobrunner.config import load_job
+        from jobrunner.estimate import estimate_job, save_estimate, to_text
+
+        cfg = load_job(job, list(set_ or []))
+        est = estimate_job(cfg, calibrate)
+        path = save_estimate(cfg, est)
+    except Exception as e:
+        _fail(e)
+        return
+    typer.echo(to_text(est), err=True)
+    _print_summary({"status": "ok", "estimate": str(path),
+                    **{k: est[k] for k in ("rows", "prompt_tokens", "completion_tokens",
+                                           "wall_seconds", "cost_usd")}})
 
 
 @app.command()
