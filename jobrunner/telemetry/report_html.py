@@ -29,9 +29,11 @@ td,th{border-bottom:1px solid #e6e9ef;padding:4px 10px;text-align:left}
 .grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 """
 
-HOOK = ("<script>window.__errors=[];window.addEventListener('error',function(e){"
-        "window.__errors.push(String(e.message));document.body.dataset.errors=window.__errors.join(' | ');});"
-        "</script>")
+HOOK = ("<script>window.__errors=[];function __rec(m){window.__errors.push(String(m));"
+        "if(document.body){document.body.dataset.errors=window.__errors.join(' | ');}}"
+        "window.addEventListener('error',function(e){__rec(e.message);});"
+        "var __ce=console.error;console.error=function(){__rec([].join.call(arguments,' '));"
+        "__ce.apply(console,arguments);};</script>")
 COUNT = ("<script>document.body.dataset.charts=String(document.querySelectorAll('.js-plotly-plot .main-svg').length"
          " ? document.querySelectorAll('.js-plotly-plot').length : 0);"
          "document.body.dataset.errors=window.__errors.join(' | ');</script>")
