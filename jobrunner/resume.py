@@ -46,9 +46,9 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
 
 def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
     """Count rows and find duplicate ids (with where each occurs), reading ids only."""
-    from jobrunner.prep.prepare import Preparer
+    from jobrunner.prep.prepare import make_preparer
 
-    preparer = Preparer(cfg, tokenizer=None)
+    preparer = make_preparer(cfg, tokenizer=None)
     first_seen: dict[str, str] = {}
     duplicates: dict[str, list[str]] = {}
     total = 0
@@ -95,7 +95,8 @@ def _forget_errors(rundir: RunDir, manifest: Manifest) -> None:
 
 
 def _clear(rundir: RunDir) -> None:
-    for name in ("results", "errors.jsonl", "manifest.json", "_SUCCESS", "report.json", "report.md"):
+    for name in ("results", "errors.jsonl", "manifest.json", "_SUCCESS", "report.json", "report.md",
+                 "output.jsonl", "batch.json"):
         p = rundir.path / name
         if p.is_dir():
             shutil.rmtree(p)

@@ -18,13 +18,13 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
     import sys
 
     from jobrunner.engine.loader import load_tokenizer
-    from jobrunner.prep.prepare import Preparer
+    from jobrunner.prep.prepare import make_preparer
     from jobrunner.resume import _describe_duplicates, scan_ids
 
     total, duplicates = scan_ids(cfg)
     if duplicates:
         raise InputDataError(_describe_duplicates(duplicates))
-    preparer = Preparer(cfg, load_tokenizer(cfg.model))
+    preparer = make_preparer(cfg, load_tokenizer(cfg.model))
     codes: Counter[str] = Counter()
     lengths: list[int] = []
     for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):

@@ -16,6 +16,15 @@ from jobrunner.engine.finish import make_result
 from jobrunner.types import Request, Result
 
 
+def sampling_groups(reqs: list[Request]) -> list[list[Request]]:
+    """Requests that can share one generate() call: generate() applies stop strings, ignore_eos
+    and greedy-vs-sampled to the whole batch, so those must agree (OpenAI batch lines differ)."""
+    groups: dict[tuple, list[Request]] = {}
+    for r in reqs:
+        groups.setdefault((r.sampling.stop, r.sampling.ignore_eos, r.sampling.greedy), []).append(r)
+    return list(groups.values())
+
+
 def pack_batches(reqs: list[Request], max_batch_tokens: int, max_num_seqs: int) -> list[list[Request]]:
     """Sort by prompt length; cut batches so padded (prompt + new) tokens fit the budget."""
     batches: list[list[Request]] = []
@@ -38,7 +47,9 @@ class StaticEngine(Engine):
         window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)
         while not self._stop_requested and (chunk := list(islice(it, window))):
             e = self.cfg.engine
-            for batch in pack_batches(chunk, e.max_batch_tokens, e.max_num_seqs):
+            batches = [b for g in sampling_groups(chunk)
+                       for b in pack_batches(g, e.max_batch_tokens, e.max_num_seqs)]
+            for batch in batches:
                 if self._stop_requested:
                     return
                 yield from self._run_batch(batch)

@@ -139,3 +139,6 @@ def parse_json_line(raw: bytes, ref: RowRef) -> Item:
         kind = type(values).__name__
         return RowError("not_an_object", f"{ref}: expected a JSON object, got a {kind}", ref)
     return RawRow(values, ref)
+
+
+import jobrunner.io.openai_batch  # noqa: E402,F401  (registers the openai-batch reader)

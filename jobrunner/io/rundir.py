@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,11 @@ class Manifest:
 
 
 class RunDir:
-    def __init__(self, path: str | Path, fmt: str = "parquet") -> None:
+    def __init__(self, path: str | Path, fmt: str = "parquet",
+                 error_record: Callable[[RowError], dict[str, Any]] | None = None) -> None:
         self.path = Path(path)
         self.fmt = fmt
+        self.error_record = error_record or RowError.to_json  # the output format's line shape
         self.results = self.path / "results"
         self.manifest_path = self.path / "manifest.json"
         self.errors_path = self.path / "errors.jsonl"
@@ -103,7 +105,7 @@ class RunDir:
         if errors:
             with open(self.errors_path, "a", encoding="utf-8") as f:
                 for e in errors:
-                    f.write(json.dumps(e.to_json(), ensure_ascii=False) + "\n")
+                    f.write(json.dumps(self.error_record(e), ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0

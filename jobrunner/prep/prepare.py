@@ -36,6 +36,13 @@ def sampling_params(cfg: JobConfig) -> SamplingParams:
                           tuple(g.stop), g.ignore_eos)
 
 
+def make_preparer(cfg: JobConfig, tokenizer: Any) -> Preparer:
+    """The preparer for the job's input format (PREPARERS), else the column/template one."""
+    import jobrunner.prep.openai  # noqa: F401  (registers openai-batch)
+
+    return PREPARERS.get(cfg.input.format, Preparer)(cfg, tokenizer)
+
+
 class Preparer:
     """Stateful per job: remembers, per input file, whether it carries an id column."""
 
@@ -96,7 +103,8 @@ class Preparer:
             return RowError("missing_id", f"{raw.source}: the id {col!r} is empty", raw.source, None, col)
         return str(v)
 
-    def _request(self, row_id: str, raw: RawRow, text: str, ids: list[int]) -> Request | RowError:
+    def _request(self, row_id: str, raw: RawRow, text: str, ids: list[int],
+                 sampling: SamplingParams | None = None) -> Request | RowError:
         limit = self.cfg.model.max_model_len - 1  # room for at least one new token
         if len(ids) > limit:
             policy = self.cfg.input.on_too_long
@@ -107,7 +115,7 @@ class Preparer:
                                 raw.source, row_id, self.cfg.input.prompt.column)
             ids = ids[-limit:] if policy == "truncate_left" else ids[:limit]
         room = self.cfg.model.max_model_len - len(ids)
-        sampling = self.sampling
+        sampling = sampling or self.sampling
         if sampling.max_new_tokens > room:
             sampling = SamplingParams(**{**sampling.__dict__, "max_new_tokens": room})
         return Request(row_id, ids, sampling, raw.source, text, self._priority(raw),
@@ -124,3 +132,6 @@ class Preparer:
         skip = self.cfg.input.id_column
         return {(f"input_{k}" if k in RESULT_COLUMNS else k): v
                 for k, v in raw.values.items() if k != skip}
+
+
+PREPARERS: dict[str, type[Preparer]] = {}  # input format -> its preparer (default: Preparer)

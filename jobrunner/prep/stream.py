@@ -16,7 +16,7 @@ from typing import Any
 
 from jobrunner.config import JobConfig
 from jobrunner.io.readers import read_rows
-from jobrunner.prep.prepare import Preparer
+from jobrunner.prep.prepare import make_preparer
 from jobrunner.types import Request, Result, RowError
 
 _END = object()
@@ -35,7 +35,7 @@ class PrepStream:
                  order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
                  depth: int = 4096) -> None:
         self.cfg = cfg
-        self.preparer = Preparer(cfg, tokenizer)
+        self.preparer = make_preparer(cfg, tokenizer)
         self.skip_ids = skip_ids
         self.order = order or (lambda reqs: reqs)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)

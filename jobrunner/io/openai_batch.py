@@ -1,0 +1,180 @@
+"""OpenAI Batch API files: the input reader and the output format.
+
+Input lines are `{"custom_id", "method", "url", "body"}` (prep/openai.py turns bodies into
+Requests). Output, in the run directory:
+  output.jsonl  one line per succeeded request, shaped like the Batch API's output file:
+                `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`
+                with a `chat.completion` or `text_completion` body;
+  errors.jsonl  one line per failed request: `{"id", "custom_id", "response": null,
+                "error": {"code", "message", "param", "line"}}` plus the usual jobrunner fields
+                (file, row, line, field, code, message) that resume and the reports read;
+  batch.json    a Batch object: status, request_counts, usage totals, cost in metadata.
+output.jsonl and batch.json are assembled from the committed shards when the job finishes.
+Line order follows completion, not input (as with the Batch API): join on custom_id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobrunner.io.outputs import OUTPUT_FORMATS, OutputFormat
+from jobrunner.io.readers import Item, read_jsonl, reader
+from jobrunner.io.writers import fsync_dir, fsync_file, write_text_atomic
+from jobrunner.types import RowError
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+OUTPUT_FILE = "output.jsonl"
+BATCH_FILE = "batch.json"
+
+
+@dataclass
+class BatchLineError(RowError):
+    """A per-line error that knows the line's custom_id (None when the line has none)."""
+
+    custom_id: str | None = None
+
+
+@reader("openai-batch")
+def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
+    """JSONL lines; an unparseable line gets its derived id so a rerun does not redo it."""
+    from jobrunner.prep.prepare import derived_id
+
+    for item in read_jsonl(file, batch_rows):
+        if isinstance(item, RowError):
+            item = BatchLineError(item.code, item.message, item.source,
+                                  derived_id(item.source), item.field)
+        yield item
+
+
+# ---------------------------------------------------------------- errors.jsonl
+
+
+def error_record(e: RowError) -> dict[str, Any]:
+    """An errors.jsonl line: the Batch API's shape first, then jobrunner's own fields."""
+    custom_id = e.custom_id if isinstance(e, BatchLineError) else e.id
+    own = e.to_json()
+    line = own["line"] if own["line"] is not None else own["row"]
+    return {"id": own.pop("id"), "custom_id": custom_id, "response": None,
+            "error": {"code": e.code, "message": e.message, "param": e.field, "line": line},
+            **own}
+
+
+# ---------------------------------------------------------------- output.jsonl
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.blake2b("\x00".join(parts).encode(), digest_size=12).hexdigest()
+
+
+def _usage(rec: dict[str, Any]) -> dict[str, Any]:
+    p, c = rec["prompt_tokens"], rec["completion_tokens"]
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": rec["cached_tokens"]}}
+
+
+def chat_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
+    message = {"role": "assistant", "content": rec["completion"], "refusal": None}
+    return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
+            "model": rec["model"], "choices": [{"index": 0, "message": message, "logprobs": None,
+                                                "finish_reason": rec["finish_reason"]}],
+            "usage": _usage(rec), "system_fingerprint": None}
+
+
+def completion_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
+            "model": rec["model"], "choices": [{"index": 0, "text": rec["completion"],
+                                                "logprobs": None,
+                                                "finish_reason": rec["finish_reason"]}],
+            "usage": _usage(rec), "system_fingerprint": None}
+
+
+BODIES = {CHAT: chat_body, COMPLETIONS: completion_body}
+
+
+def output_line(rec: dict[str, Any], salt: str, created: int) -> dict[str, Any]:
+    """One succeeded shard record as a Batch API output line (ids are stable per job + row)."""
+    rid = _hash(salt, str(rec["id"]))
+    body = BODIES.get(rec.get("url"), chat_body)(rec, rid, created)
+    return {"id": f"batch_req_{rid}", "custom_id": rec["id"],
+            "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
+            "error": None}
+
+
+# ---------------------------------------------------------------- assembly
+
+
+@dataclass
+class Totals:
+    completed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.completed += 1
+        for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"):
+            setattr(self, k, getattr(self, k) + (rec.get(k) or 0))
+
+
+def finalize(rundir, manifest, cfg) -> None:
+    """Write output.jsonl (streamed, atomic) and batch.json from the committed shards."""
+    salt = json.dumps(manifest.fingerprint, sort_keys=True)
+    path = rundir.path / OUTPUT_FILE
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    totals, endpoints = Totals(), set()
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for rec, created in _succeeded(rundir.shard_files()):
+                out.write(json.dumps(output_line(rec, salt, created), ensure_ascii=False) + "\n")
+                totals.add(rec)
+                endpoints.add(rec.get("url") or CHAT)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+    failed = sum(1 for _ in rundir.iter_errors())
+    batch = batch_object(cfg, manifest, salt, totals, failed, endpoints)
+    write_text_atomic(rundir.path / BATCH_FILE, json.dumps(batch, indent=1) + "\n")
+
+
+def _succeeded(shards: list[Path]) -> Iterator[tuple[dict[str, Any], int]]:
+    for shard in shards:
+        created = int(shard.stat().st_mtime)
+        with open(shard, encoding="utf-8") as f:
+            for line in f:
+                if line.strip() and (rec := json.loads(line))["finish_reason"] != "error":
+                    yield rec, created
+
+
+def batch_object(cfg, manifest, salt: str, t: Totals, failed: int,
+                 endpoints: set[str]) -> dict[str, Any]:
+    """A Batch object (openai.types.Batch) describing the finished job."""
+    now = int(time.time())
+    return {
+        "id": f"batch_{_hash(salt)}", "object": "batch",
+        "endpoint": ",".join(sorted(endpoints)) or CHAT, "errors": None,
+        "input_file_id": cfg.input.path, "completion_window": "24h", "status": "completed",
+        "output_file_id": OUTPUT_FILE, "error_file_id": "errors.jsonl",
+        "created_at": int(manifest.started_at or now), "in_progress_at": int(manifest.started_at or now),
+        "finalizing_at": now, "completed_at": now, "model": cfg.model.source,
+        "request_counts": {"total": t.completed + failed, "completed": t.completed, "failed": failed},
+        "usage": {"input_tokens": t.prompt_tokens,
+                  "input_tokens_details": {"cached_tokens": t.cached_tokens},
+                  "output_tokens": t.completion_tokens,
+                  "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": t.prompt_tokens + t.completion_tokens},
+        "metadata": {"job": cfg.name, "cost_usd": f"{t.cost_usd:.8f}"},
+    }
+
+
+OUTPUT_FORMATS["openai-batch"] = OutputFormat("jsonl", error_record, finalize)

@@ -1,0 +1,232 @@
+"""OpenAI Batch API lines -> Requests: `{"custom_id", "method", "url", "body"}` per line.
+
+`/v1/chat/completions` bodies go through the model's chat template; `/v1/completions` prompts are
+used as raw text (no template). Each line carries its own sampling parameters; a field the body
+omits takes the job's `generation:` value. Every line ends as one Request or one RowError naming
+its line: unknown endpoints, bad bodies, unsupported options and repeated custom_ids are per-line
+errors, never a job failure. No torch here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jobrunner.io.openai_batch import CHAT, COMPLETIONS, BatchLineError
+from jobrunner.prep.prepare import PREPARERS, Preparer, derived_id
+from jobrunner.prep.render import RenderError, validate_messages
+from jobrunner.types import Request, RowError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = (CHAT, COMPLETIONS)
+SEED_MASK = (1 << 63) - 1
+
+# Options that change what a response holds; rejected per line until supported (null, false and
+# the defaults shown are accepted).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "stream": (None, False), "tools": (None, []),
+    "functions": (None, []), "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
+    "logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "audio": (None,),
+    "prediction": (None,), "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
+}
+HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
+            "top_p", "stop", "seed"}
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
+           "reasoning_effort", "modalities"}
+
+
+@dataclass
+class Line:
+    """A validated batch line, before tokenization."""
+
+    endpoint: str
+    text: str  # chat: templated text; completions: the raw prompt
+    sampling: SamplingParams
+    seed: int | None  # the body's seed, if any
+    model: str | None
+    token_ids: list[int] | None = None  # a completions prompt given as token ids
+
+
+class OpenAIPreparer(Preparer):
+    """`input.format: openai-batch`. Stateful: the first line with a custom_id owns it."""
+
+    def __init__(self, cfg, tokenizer) -> None:
+        super().__init__(cfg, tokenizer)
+        self._seen: set[str] = set()
+        self._warned: set[str] = set()
+
+    def row_id(self, raw) -> str | RowError:
+        """The custom_id; a repeated one gets the line's derived id and a per-line error."""
+        cid = raw.values.get("custom_id")
+        if not isinstance(cid, str) or not cid.strip():
+            what = "missing" if cid is None else f"not a non-empty string ({type(cid).__name__})"
+            return BatchLineError("missing_custom_id", f"{raw.source}: custom_id is {what}",
+                                  raw.source, derived_id(raw.source), "custom_id")
+        if cid in self._seen:
+            return BatchLineError("duplicate_custom_id", f"{raw.source}: custom_id {cid!r} is"
+                                  " used by an earlier line (custom_ids must be unique)",
+                                  raw.source, derived_id(raw.source), "custom_id", custom_id=cid)
+        self._seen.add(cid)
+        return cid
+
+    def prepare_batch(self, items: list) -> list[Request | RowError]:
+        out: list[Any] = [self._parse(i) for i in items]
+        for special in (False, True):  # templated chat text already holds its special tokens
+            todo = [k for k, o in enumerate(out) if isinstance(o, tuple) and o[2].token_ids is None
+                    and (o[2].endpoint == COMPLETIONS) == special]
+            if todo:
+                texts = [out[k][2].text for k in todo]
+                encoded = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
+                for k, ids in zip(todo, encoded, strict=True):
+                    out[k][2].token_ids = list(ids)
+        return [self._line_request(*o) if isinstance(o, tuple) else o for o in out]
+
+    # ------------------------------------------------------------------ per line
+
+    def _parse(self, item) -> RowError | tuple[str, Any, Line]:
+        if isinstance(item, RowError):
+            return item
+        row_id = self.row_id(item)
+        if isinstance(row_id, RowError):
+            return row_id
+        try:
+            line = parse_line(item.values, self.sampling, self.renderer.chat)
+        except RenderError as e:
+            return RowError(e.code, f"{item.source}: {e}", item.source, row_id, e.field)
+        self._warn_once(item, line)
+        return row_id, item, line
+
+    def _line_request(self, row_id: str, raw, line: Line) -> Request | RowError:
+        vocab = len(self.tokenizer)
+        if any(t >= vocab for t in line.token_ids):
+            return RowError("bad_body", f"{raw.source}: body.prompt holds token ids outside the"
+                            f" model's vocabulary (size {vocab})", raw.source, row_id, "body.prompt")
+        req = self._request(row_id, raw, line.text, line.token_ids, line.sampling)
+        if isinstance(req, Request):
+            if line.seed is not None:  # OpenAI's seed: same seed and prompt, same sample
+                req.seq_seed = line.seed & SEED_MASK
+            req.meta = {"endpoint": line.endpoint, "custom_id": row_id, "model": line.model}
+        return req
+
+    def _columns(self, raw) -> dict[str, Any]:
+        """`url` always (the output's shape depends on it); method and body as input columns."""
+        keep = ("method", "url", "body") if self.cfg.output.keep_input_columns else ("url",)
+        return {k: raw.values.get(k) for k in keep}
+
+    def _warn_once(self, raw, line: Line) -> None:
+        body = raw.values.get("body") or {}
+        if line.model and line.model != self.cfg.model.source and "model" not in self._warned:
+            self._warned.add("model")
+            log.warning("%s: body.model %r differs from the job's model %r; every line runs on"
+                        " the job's model", raw.source, line.model, self.cfg.model.source)
+        for key in sorted((set(body) & IGNORED) - self._warned):
+            self._warned.add(key)
+            log.warning("%s: body.%s is ignored", raw.source, key)
+
+
+PREPARERS["openai-batch"] = OpenAIPreparer
+
+
+# ---------------------------------------------------------------------- body parsing
+
+
+def parse_line(values: dict[str, Any], defaults: SamplingParams,
+               chat: Callable[[list[dict[str, str]]], str]) -> Line:
+    """Validate one line and render its prompt. Raises RenderError(code, message, field)."""
+    method = values.get("method", "POST")
+    if method != "POST":
+        raise RenderError("bad_method", f"method must be POST, got {method!r}", "method")
+    url = values.get("url")
+    if url not in ENDPOINTS:
+        raise RenderError("unknown_endpoint", f"url {url!r} is not supported (use {CHAT} or"
+                          f" {COMPLETIONS})", "url")
+    body = values.get("body")
+    if not isinstance(body, dict):
+        raise RenderError("bad_body", f"body must be a JSON object, got {type(body).__name__}", "body")
+    check_unsupported(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RenderError("bad_body", "body.model must be a string", "body.model")
+    sampling, seed = parse_sampling(body, defaults)
+    if url == CHAT:
+        return Line(url, chat(_messages(body)), sampling, seed, model)
+    text, ids = _prompt(body)
+    return Line(url, text, sampling, seed, model, ids)
+
+
+def check_unsupported(body: dict[str, Any]) -> None:
+    for key, allowed in UNSUPPORTED.items():
+        if key in body and body[key] not in allowed:
+            raise RenderError("unsupported", f"body.{key}={body[key]!r} is not supported yet"
+                              " (remove it, or leave it at its default)", f"body.{key}")
+    unknown = sorted(set(body) - HONOURED - IGNORED - set(UNSUPPORTED))
+    if unknown:
+        raise RenderError("bad_body", f"unknown body field(s) {unknown}", f"body.{unknown[0]}")
+
+
+def parse_sampling(body: dict[str, Any], d: SamplingParams) -> tuple[SamplingParams, int | None]:
+    max_new = _number(body, "max_completion_tokens", int, 1)
+    if max_new is None:
+        max_new = _number(body, "max_tokens", int, 1)
+    temperature = _number(body, "temperature", float, 0.0, 2.0)
+    top_p = _number(body, "top_p", float, 0.0, 1.0)
+    if top_p == 0.0:
+        raise RenderError("bad_body", "body.top_p must be > 0", "body.top_p")
+    seed = _number(body, "seed", int)
+    stop = _stop(body.get("stop"))
+    s = replace(d, max_new_tokens=d.max_new_tokens if max_new is None else max_new,
+                temperature=d.temperature if temperature is None else temperature,
+                top_p=d.top_p if top_p is None else top_p,
+                seed=d.seed if seed is None else seed, stop=d.stop if stop is None else stop)
+    return s, seed
+
+
+def _number(body: dict[str, Any], key: str, kind: type, lo: float | None = None,
+            hi: float | None = None) -> Any:
+    v = body.get(key)
+    if v is None:
+        return None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or v == int(v))
+    if not ok or (lo is not None and v < lo) or (hi is not None and v > hi):
+        bounds = f" in [{lo}, {hi}]" if hi is not None else (f" >= {lo}" if lo is not None else "")
+        raise RenderError("bad_body", f"body.{key} must be {'an integer' if kind is int else 'a number'}"
+                          f"{bounds}, got {v!r}", f"body.{key}")
+    return kind(v)
+
+
+def _stop(v: Any) -> tuple[str, ...] | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise RenderError("bad_body", "body.stop must be a string or a list of non-empty strings",
+                          "body.stop")
+    return tuple(v)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    if "messages" not in body:
+        raise RenderError("bad_body", "a chat completion body needs messages", "body.messages")
+    msgs = validate_messages(body["messages"], "body.messages")
+    return [{**m, "role": "system"} if m["role"] == "developer" else m for m in msgs]
+
+
+def _prompt(body: dict[str, Any]) -> tuple[str, list[int] | None]:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one prompt
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                         for t in p):
+        return "", list(p)
+    if not isinstance(p, str):
+        raise RenderError("bad_body", "body.prompt must be a string, one string in a list, or a"
+                          " list of token ids (several prompts per line are not supported yet)",
+                          "body.prompt")
+    if not p.strip():
+        raise RenderError("empty_prompt", "body.prompt is empty", "body.prompt")
+    return p, None
