@@ -51,7 +51,7 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
     opts = opts or RunOptions()
     out = output_format(cfg.output.format)
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
-    if rundir.finished and not opts.restart:
+    if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         return _summary("nothing_to_do", rundir)
     with open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
         return _generate(cfg, rundir, manifest, skip_ids, total_rows)

@@ -1,14 +1,20 @@
 """Opening a run directory: lock it, check it holds this job, and find what is left to do.
 
 Runs before any model is loaded: duplicate ids and a changed job are refused here.
+The lock is an flock on `<run dir>/.lock`: the kernel drops it when its process dies (even by
+kill -9), so a crashed run never blocks the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
+import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 
 from jobrunner.config import JobConfig, fingerprint
@@ -17,13 +23,19 @@ from jobrunner.io.readers import RawRow, input_files, read_rows
 from jobrunner.io.rundir import Manifest, RunDir
 
 MAX_DUPLICATES_LISTED = 10
+log = logging.getLogger(__name__)
 
 
-def job_fingerprint(cfg: JobConfig) -> dict:
+def job_parts(cfg: JobConfig) -> dict:
+    """The settings that make two runs the same job (hashed into the fingerprint)."""
     parts = cfg.fingerprint_parts()
     files = input_files(cfg.input.path)
     parts["input"] = [[os.path.relpath(f), os.path.getsize(f)] for f in files]
-    return {k: fingerprint(v) for k, v in parts.items()}
+    return json.loads(json.dumps(parts, default=str))
+
+
+def job_fingerprint(cfg: JobConfig) -> dict:
+    return {k: fingerprint(v) for k, v in job_parts(cfg).items()}
 
 
 @contextlib.contextmanager
@@ -37,33 +49,48 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
         if duplicates:
             raise InputDataError(_describe_duplicates(duplicates))
         manifest = rundir.prepare()
-        _check_fingerprint(rundir, manifest, job_fingerprint(cfg))
+        _check_fingerprint(rundir, manifest, job_parts(cfg))
         if opts.retry_errors:
-            _forget_errors(rundir, manifest)
+            log.info("--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest))
         rundir.save_manifest(manifest)
         yield manifest, rundir.committed_ids(), total
 
 
 def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
-    """Count rows and find duplicate ids (with where each occurs), reading ids only."""
+    """Count rows and find duplicate ids with where each occurs, reading ids only.
+
+    Holds one 8-byte hash per id; only ids whose hashes meet are read again, with their places.
+    """
+    seen: set[int] = set()
+    suspects: set[int] = set()
+    total = 0
+    for row_id, _ in _iter_ids(cfg):
+        total += 1
+        h = _id_hash(row_id) if row_id is not None else None
+        if h is not None:
+            (suspects if h in seen else seen).add(h)
+    if not suspects:
+        return total, {}
+    seen.clear()
+    places: dict[str, list[str]] = {}
+    for row_id, item in _iter_ids(cfg):
+        if row_id is not None and _id_hash(row_id) in suspects:
+            places.setdefault(row_id, []).append(str(item.source))
+    return total, {k: v for k, v in places.items() if len(v) > 1}
+
+
+def _iter_ids(cfg: JobConfig) -> Iterator[tuple[str | None, object]]:
+    """(id, item) for every input item; None where the row has no valid id."""
     from jobrunner.prep.prepare import make_preparer
 
     preparer = make_preparer(cfg, tokenizer=None)
-    first_seen: dict[str, str] = {}
-    duplicates: dict[str, list[str]] = {}
-    total = 0
     for item in read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows):
-        total += 1
-        if not isinstance(item, RawRow):
-            continue
-        row_id = preparer.row_id(item)
-        if not isinstance(row_id, str):
-            continue
-        if row_id in first_seen:
-            duplicates.setdefault(row_id, [first_seen[row_id]]).append(str(item.source))
-        else:
-            first_seen[row_id] = str(item.source)
-    return total, duplicates
+        row_id = preparer.row_id(item) if isinstance(item, RawRow) else None
+        yield (row_id if isinstance(row_id, str) else None), item
+
+
+def _id_hash(row_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(row_id.encode(), digest_size=8).digest(), "little")
 
 
 def _describe_duplicates(duplicates: dict[str, list[str]]) -> str:
@@ -75,23 +102,31 @@ def _describe_duplicates(duplicates: dict[str, list[str]]) -> str:
                       *lines, *tail])
 
 
-def _check_fingerprint(rundir: RunDir, manifest: Manifest, fp: dict) -> None:
+def _check_fingerprint(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
+    fp = {k: fingerprint(v) for k, v in parts.items()}
     if not manifest.fingerprint:
-        manifest.fingerprint = fp
+        manifest.fingerprint, manifest.job = fp, parts
         return
     changed = [k for k in fp if manifest.fingerprint.get(k) != fp[k]]
     if changed:
+        lines = [d for k in changed for d in _diff(k, manifest.job.get(k), parts[k])]
         raise ResumeMismatch(
-            f"{rundir.path} holds a different job (changed: {', '.join(changed)}); use a new"
-            " output.path, or --restart to discard the earlier results")
+            f"{rundir.path} holds a different job; changed since it started:\n"
+            + "\n".join(f"  {d}" for d in lines[:MAX_DUPLICATES_LISTED])
+            + "\nrun the earlier job file again to continue it, use a new output.path,"
+            " or --restart to discard the earlier results")
 
 
-def _forget_errors(rundir: RunDir, manifest: Manifest) -> None:
-    """--retry-errors: failed rows become pending again."""
-    if rundir.errors_path.exists():
-        rundir.errors_path.unlink()
-    manifest.errors_bytes = 0
-    manifest.counts["failed"] = 0
+def _diff(key: str, old, new) -> list[str]:
+    """`key.path: old -> new` for each setting that differs (old is None for old manifests)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new))
+                for d in _diff(f"{key}.{k}", old.get(k), new.get(k)) if old.get(k) != new.get(k)]
+    if old is None:
+        return [key]
+    if key == "input":
+        return [f"input: the input files or their sizes ({len(old)} files before, {len(new)} now)"]
+    return [f"{key}: {old!r} -> {new!r}"]
 
 
 def _clear(rundir: RunDir) -> None:
@@ -113,10 +148,12 @@ def _lock(rundir: RunDir) -> Iterator[None]:
         except BlockingIOError as e:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise RunLocked(f"{rundir.path} is being run by {holder}; wait for it or stop it") from e
+            raise RunLocked(
+                f"{rundir.path} is being run by {holder} (lock {path}); wait for it to finish or"
+                " stop it: a stopped or killed run releases the lock, and a rerun continues") from e
         f.seek(0)
         f.truncate()
-        f.write(f"pid {os.getpid()}")
+        f.write(f"jobrunner pid {os.getpid()} on {socket.gethostname()}")
         f.flush()
         try:
             yield

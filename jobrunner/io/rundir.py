@@ -4,8 +4,14 @@ Commit order, which makes any crash point safe:
   1. append the batch's error lines to errors.jsonl (fsync);
   2. write the result shard under a temporary name, fsync, rename into results/;
   3. replace manifest.json atomically, recording the shard and errors.jsonl's committed length.
-On resume, errors.jsonl is cut back to the manifest's length (step 1 without 3 is redone) and any
-complete shard in results/ counts as committed (step 2 without 3 loses nothing).
+On resume (`prepare`), the files are the truth and the manifest is rebuilt from them:
+  - a shard in results/ that the manifest does not list means the last commit got past step 2,
+    so its step 1 is complete too: both are kept (step 3 is redone);
+  - otherwise errors.jsonl is cut back to the manifest's `errors_bytes` (step 1 without 2 is
+    redone with the rows of its batch);
+  - temporary files are removed, and shard list and counts are recounted from the files.
+Every visible shard is complete (renamed after fsync), so nothing is lost and nothing counted
+twice, wherever a crash falls.
 """
 
 from __future__ import annotations
@@ -13,28 +19,33 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobrunner.io.writers import SUFFIX, fsync_file, write_atomic, write_text_atomic
+from jobrunner.io.writers import SUFFIX, fsync_dir, fsync_file, write_atomic, write_text_atomic
 from jobrunner.types import RowError
 
 MANIFEST_VERSION = 1
+# Tests only: `JOBRUNNER_FAULT_KILL=after_errors:2` SIGKILLs this process at that point of the
+# 2nd commit (points: after_errors, after_shard, after_manifest).
+FAULT_ENV = "JOBRUNNER_FAULT_KILL"
 
 
 @dataclass
 class Manifest:
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    shards: list[dict[str, Any]] = field(default_factory=list)  # {name, rows, succeeded, failed}
+    shards: list[dict[str, Any]] = field(default_factory=list)  # {name, rows}
     errors_bytes: int = 0
     counts: dict[str, int] = field(default_factory=dict)  # succeeded, failed, skipped
     started_at: float = 0.0
     finished_at: float | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)  # one record per invocation
     version: int = MANIFEST_VERSION
+    job: dict[str, Any] = field(default_factory=dict)  # the fingerprinted settings, to diff
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -50,12 +61,18 @@ class RunDir:
         self.manifest_path = self.path / "manifest.json"
         self.errors_path = self.path / "errors.jsonl"
         self.success_path = self.path / "_SUCCESS"
+        self._error_places: set[tuple] = set()  # (file, row) of committed errors without an id
+        self._commits = 0
 
     # ----------------------------------------------------------------- state
 
     @property
     def finished(self) -> bool:
         return self.success_path.is_file()
+
+    @property
+    def has_errors(self) -> bool:
+        return self.errors_path.is_file() and self.errors_path.stat().st_size > 0
 
     def load_manifest(self) -> Manifest | None:
         if not self.manifest_path.is_file():
@@ -67,23 +84,48 @@ class RunDir:
         write_text_atomic(self.manifest_path, json.dumps(m.to_json(), indent=1, sort_keys=True))
 
     def prepare(self) -> Manifest:
-        """Create the layout; after a crash, cut errors.jsonl back to what was committed."""
+        """Create the layout and recover from a crash at any point of a commit (module doc)."""
         self.results.mkdir(parents=True, exist_ok=True)
         m = self.load_manifest() or Manifest(started_at=time.time())
-        if self.errors_path.exists() and self.errors_path.stat().st_size > m.errors_bytes:
-            with open(self.errors_path, "r+b") as f:
-                f.truncate(m.errors_bytes)
-        for stale in self.results.glob(".*.tmp*"):
+        for stale in [*self.results.glob(".*.tmp*"), *self.path.glob(".*.tmp*")]:
             stale.unlink(missing_ok=True)
+        listed = {s["name"] for s in m.shards}
+        adopt = any(p.name not in listed for p in self.shard_files())
+        self._cut_errors(None if adopt else m.errors_bytes)
+        self.recount(m)
         return m
+
+    def recount(self, m: Manifest) -> None:
+        """Shard list, row counts and errors_bytes from the files themselves."""
+        m.shards, succeeded = [], 0
+        for f in self.shard_files():
+            reasons = read_column(f, "finish_reason")
+            m.shards.append({"name": f.name, "rows": len(reasons)})
+            succeeded += sum(r != "error" for r in reasons)
+        self._error_places = {_place(e) for e in self.iter_errors() if e.get("id") is None}
+        m.counts["succeeded"] = succeeded
+        m.counts["failed"] = sum(1 for _ in self.iter_errors())
+        m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
+
+    def _cut_errors(self, size: int | None) -> None:
+        """Cut errors.jsonl to `size` bytes (None: only a torn last line)."""
+        if not self.errors_path.exists():
+            return
+        data = self.errors_path.read_bytes()
+        keep = len(data) if size is None else min(size, len(data))
+        keep = data.rfind(b"\n", 0, keep) + 1  # never keep a partial line
+        if keep < len(data):
+            with open(self.errors_path, "r+b") as f:
+                f.truncate(keep)
+                os.fsync(f.fileno())
 
     def shard_files(self) -> list[Path]:
         return sorted(p for p in self.results.iterdir() if p.name.startswith("part-")) if self.results.is_dir() else []
 
     def committed_ids(self) -> set[str]:
         """Every id with a terminal state: in a visible shard or in committed errors."""
-        ids = {r for f in self.shard_files() for r in read_ids(f)}
-        ids.update(e["id"] for e in self.iter_errors() if e.get("id") is not None)
+        ids = {r for f in self.shard_files() for r in read_column(f, "id")}
+        ids.update(str(e["id"]) for e in self.iter_errors() if e.get("id") is not None)
         return ids
 
     def iter_errors(self) -> Iterator[dict[str, Any]]:
@@ -102,21 +144,56 @@ class RunDir:
         return f"part-{(max(nums) + 1 if nums else 0):05d}{SUFFIX[self.fmt]}"
 
     def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
+        """Commit finished rows and errors in the order of the module doc."""
+        self._commits += 1
+        errors = self._new_errors(errors)
         if errors:
             with open(self.errors_path, "a", encoding="utf-8") as f:
                 for e in errors:
                     f.write(json.dumps(self.error_record(e), ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+        _fault("after_errors", self._commits)
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
         if records:
             name = self.next_shard_name()
             write_atomic(records, self.results / name, self.fmt)
             m.shards.append({"name": name, "rows": len(records)})
+        _fault("after_shard", self._commits)
         ok = sum(r["finish_reason"] != "error" for r in records)
         for key, n in (("succeeded", ok), ("failed", len(errors))):
             m.counts[key] = m.counts.get(key, 0) + n
         self.save_manifest(m)
+        _fault("after_manifest", self._commits)
+
+    def _new_errors(self, errors: list[RowError]) -> list[RowError]:
+        """Rows without an id are re-read on every resume: commit each place's error once."""
+        out = []
+        for e in errors:
+            place = _place(e.to_json())
+            if e.id is None and place in self._error_places:
+                continue
+            if e.id is None:
+                self._error_places.add(place)
+            out.append(e)
+        return out
+
+    def forget_failed(self, m: Manifest) -> int:
+        """--retry-errors: failed rows become pending again. Returns how many there were.
+
+        Shards lose their `finish_reason: error` rows first (each rewritten atomically), then
+        errors.jsonl goes: a crash in between leaves those rows failed, never in two states.
+        """
+        self.success_path.unlink(missing_ok=True)
+        failed = sum(1 for _ in self.iter_errors())
+        for f in self.shard_files():
+            _drop_failed_rows(f)
+        self.errors_path.unlink(missing_ok=True)
+        fsync_dir(self.path)
+        self._error_places = set()
+        self.recount(m)
+        self.save_manifest(m)
+        return failed
 
     def mark_success(self, m: Manifest) -> None:
         m.finished_at = time.time()
@@ -125,10 +202,45 @@ class RunDir:
         fsync_file(self.success_path)
 
 
-def read_ids(path: Path) -> list[str]:
+def _place(e: dict[str, Any]) -> tuple:
+    return (e.get("file"), e.get("row"))
+
+
+def _fault(point: str, commit: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec and spec == f"{point}:{commit}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def read_shard(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return [str(x) for x in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
+        return pq.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
-        return [str(json.loads(line)["id"]) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_column(path: Path, name: str) -> list[Any]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        values = pq.read_table(path, columns=[name]).column(name).to_pylist()
+    else:
+        values = [rec[name] for rec in read_shard(path)]
+    return [str(v) for v in values] if name == "id" else values
+
+
+def read_ids(path: Path) -> list[str]:
+    return read_column(path, "id")
+
+
+def _drop_failed_rows(path: Path) -> None:
+    if "error" not in read_column(path, "finish_reason"):
+        return
+    kept = [r for r in read_shard(path) if r["finish_reason"] != "error"]
+    if kept:
+        write_atomic(kept, path, "parquet" if path.suffix == ".parquet" else "jsonl")
+    else:
+        path.unlink()
+        fsync_dir(path.parent)
