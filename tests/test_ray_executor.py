@@ -1,0 +1,193 @@
+"""The Ray executor: same results as a local run, every row exactly once through worker and
+driver deaths. One local Ray cluster (CPU workers) is shared by the module; the real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobrunner.config import JobConfig
+from jobrunner.executors.ray_blocks import (
+    claim_run,
+    fragment_files,
+    merge_errors,
+    next_run_tag,
+    plan_blocks,
+    write_fragment,
+)
+from jobrunner.io.rundir import RunDir
+from jobrunner.pipeline import RunOptions
+from jobrunner.types import RowError, RowRef
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPICS = ["lists", "dicts", "sets", "tuples", "generators", "decorators", "classes", "modules",
+          "exceptions", "files", "strings", "loops", "functions", "lambdas", "imports", "typing"]
+
+
+@pytest.fixture(scope="module")
+def input_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("input") / "questions.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(TOPICS):
+            f.write(json.dumps({"id": f"q{i:02d}", "prompt": f"In one sentence, what are Python {t}?"}) + "\n")
+    return path
+
+
+def job(input_file: Path, out: Path, executor: str = "ray", **ray) -> dict:
+    return {"model": {"dtype": "float32"}, "input": {"path": str(input_file)},
+            "generation": {"max_new_tokens": 8}, "engine": {"kind": "static"},
+            "output": {"path": str(out), "format": "jsonl"}, "executor": executor,
+            "ray": {"num_workers": 2, "block_rows": 4, **ray}}
+
+
+def run(data: dict, **opts):
+    from jobrunner.executors import run_with_executor
+
+    return run_with_executor(JobConfig.model_validate(data), RunOptions(**opts))
+
+
+def results(out: Path) -> dict[str, tuple]:
+    """id -> what the model produced; fails if any id is in the results twice."""
+    seen: dict[str, tuple] = {}
+    for shard in sorted((out / "results").glob("part-*")):
+        for line in shard.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            assert r["id"] not in seen, f"{r['id']} twice (again in {shard.name})"
+            seen[r["id"]] = (r["completion"], r["finish_reason"], r["prompt_tokens"],
+                             r["completion_tokens"])
+    return seen
+
+
+# ------------------------------------------------------------ plumbing (no ray, no model)
+
+
+def test_blocks_hold_only_pending_rows_and_bad_ids_become_errors(tmp_path):
+    src = tmp_path / "in.jsonl"
+    rows = [{"id": f"r{i}", "prompt": "hi"} for i in range(7)] + [{"id": None, "prompt": "x"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    cfg = JobConfig.model_validate({"input": {"path": str(src)}})
+    plan = plan_blocks(cfg, skip_ids={"r1", "r5"}, block_rows=2)
+    from jobrunner.executors.ray_blocks import unpack_block
+
+    ids = [[r.values["id"] for r in unpack_block(b["payload"])[0]] for b in plan.blocks]
+    assert ids == [["r0", "r2"], ["r3", "r4"], ["r6"]]
+    assert [b["block"] for b in plan.blocks] == [0, 1, 2]
+    assert (plan.skipped, plan.rows) == (2, 5)
+    assert sorted(e.code for e in plan.errors) == ["malformed_json", "missing_id"]
+
+
+def test_merging_error_fragments_twice_adds_nothing(tmp_path):
+    rundir = RunDir(tmp_path, "jsonl")
+    m = rundir.prepare()
+    e1 = RowError("too_long", "in.jsonl:line 3: too long", RowRef("in.jsonl", 2, 3), "r2", "prompt")
+    e2 = RowError("malformed_json", "in.jsonl:line 9: bad", RowRef("in.jsonl", 8, 9))
+    write_fragment(tmp_path / "ray-errors" / "r0001-b00000.jsonl", [e1])
+    assert merge_errors(rundir, m, [e2], fragment_files(rundir)) == 2
+    write_fragment(tmp_path / "ray-errors" / "r0001-b00000.jsonl", [e1])  # a retried block
+    assert merge_errors(rundir, m, [e2], fragment_files(rundir)) == 0
+    assert [e["id"] for e in rundir.iter_errors()] == [None, "r2"]  # driver errors first
+    assert fragment_files(rundir) == []
+    assert m.errors_bytes == rundir.errors_path.stat().st_size
+
+
+def test_run_tags_never_repeat_even_when_a_run_committed_nothing(tmp_path):
+    rundir = RunDir(tmp_path, "parquet")
+    rundir.prepare()
+    assert next_run_tag(rundir) == "r0001"
+    claim_run(rundir, "r0001")  # that driver died before any block landed
+    assert next_run_tag(rundir) == "r0002"
+    (rundir.results / "part-r0007-b00003.parquet").write_bytes(b"")
+    (rundir.results / "part-00004.parquet").write_bytes(b"")
+    assert next_run_tag(rundir) == "r0008"
+    assert rundir.next_shard_name() == "part-00005.parquet"  # local numbering ignores ray names
+
+
+# ------------------------------------------------------------ a real cluster, the real model
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray")
+    import logging
+
+    ray.init(num_cpus=3, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_results(input_file, tmp_path_factory) -> dict[str, tuple]:
+    out = tmp_path_factory.mktemp("local") / "run"
+    assert run(job(input_file, out, executor="local")).status == "done"
+    return results(out)
+
+
+@pytest.mark.slow
+def test_ray_run_equals_local_run_and_reports_each_worker(cluster, input_file, local_results, tmp_path):
+    out = tmp_path / "run"
+    summary = run(job(input_file, out))
+    assert summary.status == "done"
+    assert summary.rows == {"succeeded": 16, "failed": 0, "skipped": 0}
+    assert results(out) == local_results
+    assert len(local_results) == 16
+    m = json.loads((out / "manifest.json").read_text())
+    assert sorted(s["name"] for s in m["shards"]) == [f"part-r0001-b{k:05d}.jsonl" for k in range(4)]
+    (rec,) = m["runs"]
+    assert rec["executor"] == "ray" and sum(w["rows"] for w in rec["workers"]) == 16
+    assert sum(w["blocks"] for w in rec["workers"]) == 4
+    assert rec["device_count"] == sum(w["device_count"] for w in rec["workers"])
+    report = json.loads((out / "report.json").read_text())
+    assert report["cost"]["cost_usd"] == pytest.approx(sum(w["cost_usd"] for w in rec["workers"]))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert run(job(input_file, out)).status == "nothing_to_do"  # promise 8, no cluster needed
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_worker_killed_after_a_commit_still_gives_every_row_once(cluster, input_file, local_results,
+                                                                  tmp_path, monkeypatch):
+    marker = tmp_path / "worker-died"
+    monkeypatch.setenv("JOBRUNNER_RAY_FAULT_MARKER", str(marker))
+    out = tmp_path / "run"
+    assert run(job(input_file, out)).status == "done"
+    assert marker.exists()  # one worker did os._exit(1) right after committing its first shard
+    assert results(out) == local_results  # no row lost, none twice, same text
+    workers = json.loads((out / "manifest.json").read_text())["runs"][0]["workers"]
+    assert sum(w["rows"] for w in workers) == 16
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed(cluster, input_file, local_results, tmp_path):
+    import yaml
+
+    out = tmp_path / "run"
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job(input_file, out, num_workers=1, block_rows=2)))
+    env = {**os.environ, "RAY_ADDRESS": cluster, "JOBRUNNER_NO_PROGRESS": "1"}
+    cli = "from jobrunner.cli import main; main()"
+    driver = subprocess.Popen([sys.executable, "-c", cli, "run", str(job_file)],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not list((out / "results").glob("part-*")) and driver.poll() is None:
+        assert time.monotonic() < deadline, "no shard committed in time"
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert driver.returncode == -signal.SIGKILL, driver.stderr.read().decode()[-2000:]
+    assert not (out / "_SUCCESS").exists()
+    committed = len(results(out))
+    assert 0 < committed < 16
+
+    summary = run(job(input_file, out, num_workers=1, block_rows=2))
+    assert summary.status == "done"
+    assert results(out) == local_results
+    runs = json.loads((out / "manifest.json").read_text())["runs"]
+    assert runs[-1]["skipped"] >= committed  # the dead driver's blocks were not redone
