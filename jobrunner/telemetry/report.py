@@ -89,6 +89,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
                          for k in ("steps", "preemptions", "oom_retries", "deduplicated")},
         "notes": [n for r in runs for n in r.get("notes", [])],
         "runs": len(runs),
+        "workers": [w for r in runs for w in r.get("workers", [])],  # executor: ray
         "finished_at": m.finished_at if m else None,
     }
     report["estimate"] = compare_estimate(rundir.path / ESTIMATE_FILE, report)
