@@ -1,0 +1,90 @@
+"""`jobrunner estimate`: counts without weights, bounds completions, calibrates on request."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from jobrunner.cli import app
+from jobrunner.config import JobConfig
+from jobrunner.estimate import _cached
+
+PROMPTS = ["What is a Python list?", "What is a Python list?", "Name three sorting algorithms.",
+           "", "Why use a generator?"]
+JOB = """name: estimate-test
+model: {{source: smollm2-135m-instruct, dtype: float32, max_model_len: 512}}
+input: {{path: {input}, id_column: id, prompt: {{column: prompt}}, max_error_rate: 0.5}}
+generation: {{max_new_tokens: 6, temperature: 0.0}}
+output: {{path: {out}}}
+engine: {{kind: paged, kv_cache_bytes: 20000000}}
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"id": f"q{i}", "prompt": p} for i, p in enumerate(PROMPTS)]),
+                   tmp_path / "in.parquet")
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(input=tmp_path / "in.parquet", out=tmp_path / "out"))
+    return path
+
+
+def _forbid_weights(monkeypatch):
+    import jobrunner.engine.loader as loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("estimate loaded weights"))
+
+
+def test_estimate_counts_rows_and_tokens_without_weights(job, monkeypatch):
+    _forbid_weights(monkeypatch)
+    cli = CliRunner()
+    res = cli.invoke(app, ["estimate", str(job)])
+    assert res.exit_code == 0, res.output
+    est = json.loads((job.parent / "out" / "estimate.json").read_text())
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["estimate"] == str(job.parent / "out" / "estimate.json")
+    val = cli.invoke(app, ["validate", str(job)])  # an independent count of the same prompts
+    counted = json.loads(val.stdout.strip().splitlines()[-1])
+    assert (est["rows"], est["valid_rows"], est["invalid_rows"], est["deduplicated"]) == (5, 4, 1, 1)
+    assert est["prompt_tokens"] == counted["prompt_tokens"]
+    assert est["completion_tokens"] == est["completion_tokens_max"] == 4 * 6
+    assert est["completion_source"].startswith("upper bound")
+    assert est["throughput"]["source"].startswith("roofline default")
+    assert est["wall_seconds"] > 0 and est["cost_usd"] == pytest.approx(
+        est["wall_seconds"] * est["usd_per_hour"] / 3600)
+    assert {a["model"] for a in est["api_equivalent"]} >= {"gpt-4o-mini", "claude-3.5-haiku"}
+
+
+def test_prefix_cache_simulation_matches_block_manager_rules():
+    cfg = JobConfig.model_validate({"engine": {"block_size": 4}})
+    seen: set[int] = set()
+    assert _cached(list(range(1, 11)), cfg, seen) == 0  # a cold cache
+    assert _cached([1, 2, 3, 4, 5, 6, 7, 8, 99, 100], cfg, seen) == 8  # two shared full blocks
+    assert _cached([1, 2, 3, 4, 5, 6, 7, 8], cfg, seen) == 4  # the last token is always computed
+    assert _cached([9, 2, 3, 4, 5, 6, 7, 8], cfg, seen) == 0  # chained: a new head breaks it
+    off = JobConfig.model_validate({"engine": {"block_size": 4, "prefix_caching": False}})
+    assert _cached([1, 2, 3, 4, 5], off, seen) == 0
+
+
+def test_completion_bound_respects_the_context(job, monkeypatch):
+    _forbid_weights(monkeypatch)
+    res = CliRunner().invoke(app, ["estimate", str(job), "--set", "generation.max_new_tokens=5000"])
+    assert res.exit_code == 0, res.output
+    est = json.loads((job.parent / "out" / "estimate.json").read_text())
+    assert est["completion_tokens"] == 4 * 512 - est["prompt_tokens"]
+
+
+@pytest.mark.slow
+def test_calibration_measures_lengths_and_speed_with_the_real_model(job):
+    res = CliRunner().invoke(app, ["estimate", str(job), "--calibrate", "2"])
+    assert res.exit_code == 0, res.output
+    est = json.loads((job.parent / "out" / "estimate.json").read_text())
+    assert est["completion_source"].startswith("measured: mean")
+    assert "over 2 sampled rows" in est["completion_source"]
+    assert est["throughput"]["source"].startswith("calibrated: 2 sampled rows")
+    assert 0 < est["completion_tokens"] <= est["completion_tokens_max"]
+    assert est["throughput"]["load_s"] > 0
