@@ -37,11 +37,10 @@ def throughput(steps: list[dict[str, Any]]):
         return None
     width = max(1.0, timed[-1][0] / 120)
     bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for t, s in timed:
-        b = bins[int(t // width)]
-        b[0] += s.get("prefill_tokens") or s.get("batch_tokens") or 0
-        b[1] += s.get("decode_tokens") or 0
-    xs = sorted(bins)
+    for t, s in timed:  # a step's tokens are spread over its duration (t marks its end)
+        tokens = (s.get("prefill_tokens") or s.get("batch_tokens") or 0, s.get("decode_tokens") or 0)
+        _spread(bins, max(t - (s.get("step_seconds") or 0.0), 0.0), t, width, tokens)
+    xs = list(range(min(bins), max(bins) + 1))
     fig = go.Figure([go.Scatter(x=[x * width for x in xs], y=[bins[x][0] / width for x in xs],
                                 name="prompt tokens/s", stackgroup="tok"),
                      go.Scatter(x=[x * width for x in xs], y=[bins[x][1] / width for x in xs],
@@ -49,6 +48,16 @@ def throughput(steps: list[dict[str, Any]]):
     fig.update_layout(title="Throughput over time", xaxis_title="seconds", yaxis_title="tokens/s",
                       **LAYOUT)
     return fig
+
+
+def _spread(bins: dict, start: float, end: float, width: float, tokens: tuple) -> None:
+    first, last = int(start // width), int(end // width)
+    span = max(end - start, 1e-9)
+    for b in range(first, last + 1):
+        overlap = min(end, (b + 1) * width) - max(start, b * width)
+        frac = overlap / span if end > start else 1.0
+        for i, n in enumerate(tokens):
+            bins[b][i] += n * frac
 
 
 def running(steps: list[dict[str, Any]], num_kv_blocks: int | None = None):
@@ -59,10 +68,12 @@ def running(steps: list[dict[str, Any]], num_kv_blocks: int | None = None):
         return None
     x = [t for t, _ in timed]
     fig = go.Figure([
-        go.Scatter(x=x, y=[s.get("num_running") for _, s in timed], name="running sequences"),
-        go.Scatter(x=x, y=[s.get("num_waiting") for _, s in timed], name="waiting sequences"),
+        go.Scatter(x=x, y=[s.get("num_running") for _, s in timed], name="running sequences",
+                   line={"shape": "hv"}),
+        go.Scatter(x=x, y=[s.get("num_waiting") for _, s in timed], name="waiting sequences",
+                   line={"shape": "hv"}),
         go.Scatter(x=x, y=[s.get("kv_blocks_used") for _, s in timed], name="KV-cache blocks in use",
-                   yaxis="y2", line={"dash": "dot"}),
+                   yaxis="y2", line={"dash": "dot", "shape": "hv"}),
     ])
     fig.update_layout(title="Running sequences and KV-cache use", xaxis_title="seconds",
                       yaxis_title="sequences", yaxis2={"title": "KV blocks", "overlaying": "y",

@@ -73,14 +73,19 @@ def tiles(r: dict[str, Any]) -> str:
     c, tok, tm = r["cost"], r["tokens"], r["time"]
     b = tm["breakdown"]["seconds"]
     busiest = max(b, key=b.get) if any(b.values()) else "n/a"
+    share = f" ({b[busiest] / sum(b.values()):.0%})" if any(b.values()) else ""
+    without = c["cost_without_savings_usd"]
+
+    def pct(x: float) -> str:
+        return f", {x / without:.1%} of the bill without it" if without else ""
     items = [
-        (usd(c["cost_usd"], ",.4f"), "total cost"),
-        (usd(c["usd_per_1m_tokens"], ",.4f"), "per 1M tokens (in + out)"),
-        (usd(c["usd_per_1m_input_tokens"], ",.4f"), "per 1M input tokens"),
-        (usd(c["usd_per_1m_output_tokens"], ",.4f"), "per 1M output tokens"),
-        (usd(c["cache_saved_usd"], ",.4f"), f"saved by the prefix cache ({tok['cached']:,} tokens)"),
-        (usd(c["dedup_saved_usd"], ",.4f"), f"saved by dedup ({r['engine_stats']['deduplicated']} rows)"),
-        (f"{fmt(tm['wall_seconds'], ',.1f')} s", f"wall time; most in {busiest}"),
+        (usd(c["cost_usd"]), "total cost"),
+        (usd(c["usd_per_1m_tokens"]), "per 1M tokens (in + out)"),
+        (usd(c["usd_per_1m_input_tokens"]), "per 1M input tokens"),
+        (usd(c["usd_per_1m_output_tokens"]), "per 1M output tokens"),
+        (usd(c["cache_saved_usd"]), f"saved by the prefix cache ({tok['cached']:,} tokens{pct(c['cache_saved_usd'])})"),
+        (usd(c["dedup_saved_usd"]), f"saved by dedup ({r['engine_stats']['deduplicated']} rows{pct(c['dedup_saved_usd'])})"),
+        (f"{fmt(tm['wall_seconds'], ',.1f')} s", f"wall time; most in {busiest}{share}"),
         (f"{fmt(r['throughput']['completion_tokens_per_second'], ',.1f')}", "generated tokens/s"),
     ]
     if c["energy_kwh"] is not None:

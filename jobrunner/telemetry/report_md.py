@@ -11,8 +11,13 @@ def fmt(x: Any, spec: str = ",.2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def usd(x: float | None, spec: str = ",.6f") -> str:
-    return "n/a" if x is None else f"${format(x, spec)}"
+def usd(x: float | None, spec: str | None = None) -> str:
+    """Dollars with enough digits to show small amounts: $12.35, $0.0123, $0.000015."""
+    if x is None:
+        return "n/a"
+    if spec is None:
+        spec = ",.2f" if abs(x) >= 10 else ",.4f" if abs(x) >= 0.01 or x == 0 else ".3g"
+    return f"${format(x, spec)}"
 
 
 def to_markdown(r: dict[str, Any]) -> str:
