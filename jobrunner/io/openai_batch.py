@@ -173,7 +173,7 @@ def batch_object(cfg, manifest, salt: str, t: Totals, failed: int,
                   "output_tokens": t.completion_tokens,
                   "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": t.prompt_tokens + t.completion_tokens},
-        "metadata": {"job": cfg.name, "cost_usd": f"{t.cost_usd:.8f}"},
+        "metadata": {"job": cfg.name, "cost_usd": f"{t.cost_usd:.12f}"},
     }
 
 
