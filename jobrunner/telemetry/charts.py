@@ -14,7 +14,12 @@ LAYOUT = {"template": "plotly_white", "height": 340, "margin": {"l": 60, "r": 60
           "legend": {"orientation": "h", "y": -0.2}}
 
 
-def _timed(records: list[dict[str, Any]], key: str = "t") -> list[tuple[float, dict[str, Any]]]:
+def _step_start(r: dict[str, Any]) -> float:
+    return r["t"] - (r.get("step_seconds") or 0.0)
+
+
+def _timed(records: list[dict[str, Any]], key: str = "t",
+           start=None) -> list[tuple[float, dict[str, Any]]]:
     """(seconds since the job's first run started, record); runs are laid end to end."""
     by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
@@ -23,7 +28,7 @@ def _timed(records: list[dict[str, Any]], key: str = "t") -> list[tuple[float, d
     out, offset = [], 0.0
     for run in sorted(by_run):
         rs = sorted(by_run[run], key=lambda r: r[key])
-        t0 = rs[0][key]
+        t0 = min(start(r) for r in rs) if start else rs[0][key]
         out += [(offset + r[key] - t0, r) for r in rs]
         offset += rs[-1][key] - t0 + 1.0
     return out
@@ -32,7 +37,7 @@ def _timed(records: list[dict[str, Any]], key: str = "t") -> list[tuple[float, d
 def throughput(steps: list[dict[str, Any]]):
     import plotly.graph_objects as go
 
-    timed = _timed(steps)
+    timed = _timed(steps, start=_step_start)
     if not timed:
         return None
     width = max(1.0, timed[-1][0] / 120)
@@ -63,7 +68,7 @@ def _spread(bins: dict, start: float, end: float, width: float, tokens: tuple) -
 def running(steps: list[dict[str, Any]], num_kv_blocks: int | None = None):
     import plotly.graph_objects as go
 
-    timed = _timed(steps)
+    timed = _timed(steps, start=_step_start)
     if not timed:
         return None
     x = [t for t, _ in timed]

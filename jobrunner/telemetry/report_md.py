@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from jobrunner.telemetry.breakdown import PHASES
@@ -16,7 +17,8 @@ def usd(x: float | None, spec: str | None = None) -> str:
     if x is None:
         return "n/a"
     if spec is None:
-        spec = ",.2f" if abs(x) >= 10 else ",.4f" if abs(x) >= 0.01 or x == 0 else ".3g"
+        digits = 2 if abs(x) >= 10 else 4 if abs(x) >= 0.01 or x == 0 else 2 - math.floor(math.log10(abs(x)))
+        spec = f",.{digits}f"
     return f"${format(x, spec)}"
 
 
