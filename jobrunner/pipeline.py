@@ -46,12 +46,13 @@ class JobSummary:
 
 
 def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
-    from jobrunner.resume import open_run
+    from jobrunner.resume import check_same_job, open_run
 
     opts = opts or RunOptions()
     out = output_format(cfg.output.format)
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
+        check_same_job(rundir, cfg)  # a changed job is refused (78), even when this one is done
         return _summary("nothing_to_do", rundir)
     with open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
         return _generate(cfg, rundir, manifest, skip_ids, total_rows)

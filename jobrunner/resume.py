@@ -56,6 +56,13 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
         yield manifest, rundir.committed_ids(), total
 
 
+def check_same_job(rundir: RunDir, cfg: JobConfig) -> None:
+    """A finished run directory answers only its own job: raise ResumeMismatch otherwise."""
+    manifest = rundir.load_manifest()
+    if manifest is not None and manifest.fingerprint:
+        _check_fingerprint(rundir, manifest, job_parts(cfg))
+
+
 def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
     """Count rows and find duplicate ids with where each occurs, reading ids only.
 
