@@ -9,7 +9,9 @@ from jobrunner.types import Request, SamplingParams
 
 
 def make_seq(tokens: list[int], rid: str = "r") -> Sequence:
-    return Sequence(Request(rid, tokens, SamplingParams()), max_new_tokens=8, eos_token_ids=frozenset())
+    return Sequence(
+        Request(rid, tokens, SamplingParams()), max_new_tokens=8, eos_token_ids=frozenset()
+    )
 
 
 def computed(bm: BlockManager, seq: Sequence, n: int) -> None:

@@ -19,8 +19,13 @@ def ids(rows) -> list[str]:
 
 
 def test_shared_heads_come_together():
-    rows = [req("a1", HEAD_A + [5]), req("x", [9, 9]), req("b1", HEAD_B + [5]),
-            req("a2", HEAD_A + [6]), req("b2", HEAD_B + [4])]
+    rows = [
+        req("a1", HEAD_A + [5]),
+        req("x", [9, 9]),
+        req("b1", HEAD_B + [5]),
+        req("a2", HEAD_A + [6]),
+        req("b2", HEAD_B + [4]),
+    ]
     out = ids(order_requests(rows, window=10))
     assert sorted(out) == sorted(ids(rows))
     assert abs(out.index("a1") - out.index("a2")) == 1

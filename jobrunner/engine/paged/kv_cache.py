@@ -1,7 +1,8 @@
 """The KV cache: per layer a K and a V tensor of shape (nkv, num_blocks, block_size, hd).
 
 Sized from `engine.kv_cache_bytes` when given, else from free memory x `memory_fraction`
-(on CPU half of that, capped at what max_num_seqs full-length sequences could ever use).
+(on CPU half of that, at most CPU_MAX_BYTES, and no more than max_num_seqs full-length
+sequences could ever use).
 The cache is zeroed: masked padding positions must hold finite values (0 x NaN is NaN).
 """
 
@@ -14,6 +15,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
+CPU_MAX_BYTES = 4 << 30
+
 
 @dataclass
 class KVCache:
@@ -24,8 +27,12 @@ class KVCache:
 
 
 def kv_bytes_per_token(
-    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_format: str = "auto"
 ) -> int:
+    if kv_format != "auto":  # int8 | fp8: codes + scales (engine/quant/kv.py)
+        from jobrunner.engine.quant.kv import kv_bytes_per_token as quantized
+
+        return quantized(num_layers, num_kv_heads, head_dim, kv_format)
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
@@ -52,8 +59,8 @@ def plan_num_blocks(
         budget = int(free_memory_bytes(device) * memory_fraction)
         if device.type == "cuda":
             budget -= 2 << 30  # activations of the largest step
-        else:  # host memory is shared with the process and the OS: half, and no more than usable
-            budget = min(budget // 2, max_useful_tokens * bytes_per_token)
+        else:  # host memory is shared with everything else; decode is bandwidth-bound anyway
+            budget = min(budget // 2, max_useful_tokens * bytes_per_token, CPU_MAX_BYTES)
     return max(1, budget // (bytes_per_token * block_size))
 
 
@@ -65,20 +72,28 @@ def allocate_kv_cache(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device,
+    kv_format: str = "auto",
 ) -> KVCache:
     shape = (num_kv_heads, num_blocks, block_size, head_dim)
-    layers = [
-        (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
-        for _ in range(num_layers)
-    ]
-    per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+    if kv_format != "auto":
+        from jobrunner.engine.quant.kv import allocate
+
+        layers = allocate(num_layers, shape, kv_format, dtype, device)
+    else:
+        layers = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(num_layers)
+        ]
+    per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_format)
     log.info(
-        "KV cache: %d blocks of %d tokens (%.2f GiB)",
+        "KV cache: %d blocks of %d tokens, %s, %d bytes/token (%.2f GiB)",
         num_blocks,
         block_size,
+        kv_format if kv_format != "auto" else str(dtype).removeprefix("torch."),
+        per_token,
         num_blocks * block_size * per_token / 2**30,
     )
     return KVCache(layers, num_blocks, block_size, per_token)
