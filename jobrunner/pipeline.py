@@ -53,7 +53,9 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # a changed job is refused (78), even when this one is done
-        return _summary("nothing_to_do", rundir)
+        summary = _summary("nothing_to_do", rundir)
+        _check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
+        return summary
     with open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
         return _generate(cfg, rundir, manifest, skip_ids, total_rows)
 
