@@ -146,6 +146,7 @@ def test_ray_run_equals_local_run_and_reports_each_worker(cluster, input_file, l
     assert rec["device_count"] == sum(w["device_count"] for w in rec["workers"])
     report = json.loads((out / "report.json").read_text())
     assert report["cost"]["cost_usd"] == pytest.approx(sum(w["cost_usd"] for w in rec["workers"]))
+    assert report["workers"] == rec["workers"]
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert run(job(input_file, out)).status == "nothing_to_do"  # promise 8, no cluster needed
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -19,10 +19,13 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import ray  # not installed: executors.run_with_executor says how to install it
 
 from jobrunner.config import JobConfig
 from jobrunner.errors import Interrupted
@@ -55,8 +58,6 @@ FAULT_ENV = "JOBRUNNER_RAY_FAULT_MARKER"  # tests only: see BlockWorker._fault_h
 
 
 def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
-    import ray  # noqa: F401  (fail early, as a ConfigError, when ray is not installed)
-
     out = output_format(cfg.output.format)
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart:
@@ -81,8 +82,6 @@ def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions) -
             interrupted = _execute(cfg, rundir, manifest, plan, tag, metas)
         finally:
             if started:
-                import ray
-
                 ray.shutdown()
     merge_errors(rundir, manifest, plan.errors, fragment_files(rundir))
     _record_run(manifest, cfg, plan, metas, time.monotonic() - t0)
@@ -103,8 +102,6 @@ def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions) -
 
 def _connect(cfg: JobConfig) -> bool:
     """Join $RAY_ADDRESS (or ray.address), else start a local cluster. True if we started one."""
-    import ray
-
     if ray.is_initialized():
         return False
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
@@ -131,7 +128,7 @@ def pool_size(cfg: JobConfig, resources: dict[str, float]) -> tuple[int, float, 
 def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag: str,
              metas: list[dict[str, Any]]) -> bool:
     """Stream the blocks through the worker pool; record each block as it lands. True if stopped."""
-    import ray
+    import ray.data
 
     from jobrunner.executors.ray_worker import BlockWorker
 
@@ -167,7 +164,9 @@ def _land(rundir: RunDir, manifest: Manifest, tag: str, meta: dict[str, Any],
         manifest.shards.append({"name": meta["shard"], "rows": meta["rows"]})
         ok = meta["succeeded"] if meta["succeeded"] is not None else meta["rows"]
         manifest.counts["succeeded"] = manifest.counts.get("succeeded", 0) + ok
-    merge_errors(rundir, manifest, [], [fragment_path(rundir, tag, meta["block"])])
+    fragment = fragment_path(rundir, tag, meta["block"])
+    if fragment.exists():  # most blocks have no failed rows
+        merge_errors(rundir, manifest, [], [fragment])
     rundir.save_manifest(manifest)
     done = sum(m["rows"] for m in metas)
     log.info("ray: block %d committed by %s (%d/%d rows)", meta["block"],
@@ -193,6 +192,9 @@ def _stop_on_signal() -> Iterator[None]:
         log.warning("signal %s: keeping committed blocks and exiting", signum)
         raise _Stopped
 
+    if threading.current_thread() is not threading.main_thread():  # handlers need the main one
+        yield
+        return
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
