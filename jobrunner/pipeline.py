@@ -64,6 +64,7 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
               total_rows: int) -> JobSummary:
     from jobrunner.engine.base import make_engine
     from jobrunner.engine.loader import load_model
+    from jobrunner.engine.quant.apply import check_engine, prepare_weights
     from jobrunner.prep.stream import PrepStream
     from jobrunner.telemetry.run import RunTelemetry
 
@@ -72,7 +73,9 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
     device = detect_device()
     usd_per_hour, price_source = hourly_rate(device, cfg.cost.gpu_hour_usd)
     loaded = load_model(cfg.model)
+    weights = prepare_weights(loaded, cfg)  # quality gate (exit 65 below the bar), quantization
     engine = make_engine(loaded, cfg)
+    check_engine(engine, cfg)
     load_seconds = time.monotonic() - t0
     stream = PrepStream(cfg, loaded.tokenizer, skip_ids, order=_order(cfg)).start()
     committer = Committer(rundir, manifest, loaded.source.name, usd_per_hour,
@@ -84,6 +87,8 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
     progress.close()
     _record_run(manifest, cfg, engine, stream, device, usd_per_hour, price_source,
                 time.monotonic() - t0, load_seconds)
+    manifest.runs[-1].update(weights, kv_bytes_per_token=engine.stats.kv_bytes_per_token,
+                             num_kv_blocks=engine.stats.num_kv_blocks)
     manifest.runs[-1].update(telemetry.finish(len(manifest.runs) - 1, engine.stats.step_log,
                                               committer.savings.to_json()))
     rundir.save_manifest(manifest)

@@ -65,9 +65,8 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # (T, nh * hd)
-    nkv, _, _, hd = k_cache.shape
-    k_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    _write(k_cache, meta.slot_mapping, k)
+    _write(v_cache, meta.slot_mapping, v)
     out = torch.empty_like(q)
     for g in meta.decode_groups:
         out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)
@@ -76,8 +75,18 @@ def paged_attention(
     return out.view(q.shape[0], -1)
 
 
+def _write(cache, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
+    """x (T, nkv, hd) into the flat slots; a quantized cache (engine/quant/kv.py) quantizes."""
+    if not isinstance(cache, torch.Tensor):
+        return cache.write(slot_mapping, x)
+    nkv, _, _, hd = cache.shape
+    cache.view(nkv, -1, hd).index_copy_(1, slot_mapping, x.transpose(0, 1))
+
+
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """(nkv, num_blocks, bs, hd)[block_ids (..., nb)] -> (..., nkv, nb * bs, hd), one copy."""
+    if not isinstance(cache, torch.Tensor):  # quantized: dequantized to the compute dtype
+        return cache.gather(block_ids)
     g = cache[:, block_ids]  # (nkv, ..., nb, bs, hd)
     g = g.movedim(0, -4)  # (..., nkv, nb, bs, hd): a view
     return g.flatten(-3, -2)  # merging nb and bs stays a view

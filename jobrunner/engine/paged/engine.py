@@ -75,7 +75,8 @@ class PagedEngine(Engine):
     def _allocate_kv(self):
         m, e = self.model, self.cfg.engine
         n_layers, dtype = len(m.layers), self.loaded.dtype
-        per_token = kv_bytes_per_token(n_layers, m.num_kv_heads, m.head_dim, dtype)
+        kv_format = self.cfg.model.kv_cache_dtype  # auto: the model dtype; int8 | fp8: quantized
+        per_token = kv_bytes_per_token(n_layers, m.num_kv_heads, m.head_dim, dtype, kv_format)
         num_blocks = plan_num_blocks(
             per_token,
             e.block_size,
@@ -92,6 +93,7 @@ class PagedEngine(Engine):
             e.block_size,
             dtype,
             self.loaded.device,
+            kv_format,
         )
 
     # ------------------------------------------------------------------ the loop
