@@ -152,16 +152,15 @@ def report(run_dir: Annotated[Path, typer.Argument(help="the run directory (outp
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns typer.Exit's code here, not raises it
+        sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.BadParameter, typer.Abort) as e:  # pragma: no cover - click usage errors
         typer.echo(str(e), err=True)
         sys.exit(errors.EXIT_USAGE)
     except Exception as e:  # click usage errors (missing args, unknown options)
-        import click
-
-        if isinstance(e, click.ClickException):
+        if isinstance(e, typer.TyperException) and hasattr(e, "show"):  # typer's own click
             e.show()
             sys.exit(errors.EXIT_USAGE)
         raise

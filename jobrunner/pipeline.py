@@ -7,6 +7,7 @@ and whatever happens, finished rows are committed before we return or raise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -56,8 +57,24 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
         summary = _summary("nothing_to_do", rundir)
         _check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
         return summary
-    with open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
+    with _stop_before_rows(), open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
         return _generate(cfg, rundir, manifest, skip_ids, total_rows)
+
+
+@contextlib.contextmanager
+def _stop_before_rows():
+    """SIGTERM/SIGINT outside the engine loop (scan, model load, last commit): exit 75 at once;
+    commits are atomic. _run_engine installs its graceful handler while rows are generated."""
+    def on_signal(signum, frame):
+        raise Interrupted(f"signal {signum}: stopped; committed rows are kept, run the same"
+                          " command again to continue")
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
