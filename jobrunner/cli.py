@@ -150,6 +150,30 @@ def report(run_dir: Annotated[Path, typer.Argument(help="the run directory (outp
                     "cost_usd": rep["cost"]["cost_usd"]})
 
 
+@app.command("quantize-check")
+def quantize_check(
+        job: JobArg, set_: SetOpt = None,
+        sample: Annotated[int, typer.Option("--sample", min=1, help="prompts sampled from the input")] = 8,
+        quantization: Annotated[str | None, typer.Option(
+            help="int8 | int4 | fp8 (default: the job's model.quantization, else int8)")] = None,
+        write: Annotated[Path | None, typer.Option(
+            help="write the job with the plan as model.keep_in_16bit to this path (may be the"
+                 " job file itself; YAML comments are not kept)")] = None,
+        verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+    """Measure each linear layer's quantization error on sampled prompts; propose 16-bit layers."""
+    _setup_logging(verbose)
+    try:
+        from jobrunner.config import load_job
+        from jobrunner.quant_check import run_check
+
+        cfg = load_job(job, list(set_ or []))
+        summary = run_check(cfg, sample, quantization, write)
+    except Exception as e:
+        _fail(e)
+        return
+    _print_summary(summary)
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here, not raises it

@@ -13,6 +13,7 @@ from typing import Any
 
 from jobrunner.io.rundir import RunDir
 from jobrunner.io.writers import write_text_atomic
+from jobrunner.quant_check import report_section
 from jobrunner.telemetry.breakdown import time_breakdown
 from jobrunner.telemetry.cost import per_million
 from jobrunner.telemetry.prices import api_equivalent
@@ -85,6 +86,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "cost": _cost(t, runs, tokens),
         "api_equivalent": api_equivalent(t["prompt_tokens"], t["completion_tokens"], t["cost_usd"]),
         "telemetry": device_summary(read_timeline(rundir.path, DEVICE_FILE), steps),
+        "model_memory": report_section(last),
         "engine_stats": {k: sum(r.get(k, 0) for r in runs)
                          for k in ("steps", "preemptions", "oom_retries", "deduplicated")},
         "notes": [n for r in runs for n in r.get("notes", [])],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from jobrunner.quant_check import markdown_lines
 from jobrunner.telemetry.breakdown import PHASES
 
 
@@ -26,7 +27,7 @@ def to_markdown(r: dict[str, Any]) -> str:
     lines = [f"# Job report: {r['job']}", "",
              f"Model `{r['model']}` on {r['device']['count']} x {r['device']['name']}"
              f" ({r['engine']} engine).", "",
-             *summary_table(r), *time_table(r), *api_table(r), *estimate_table(r)]
+             *summary_table(r), *markdown_lines(r.get("model_memory")), *time_table(r), *api_table(r), *estimate_table(r)]
     if r["notes"]:
         lines += ["Notes:", *[f"- {n}" for n in r["notes"]], ""]
     return "\n".join(lines)
