@@ -37,11 +37,12 @@ def input_file(tmp_path_factory) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for i, t in enumerate(TOPICS):
             f.write(json.dumps({"id": f"q{i:02d}", "prompt": f"In one sentence, what are Python {t}?"}) + "\n")
+        f.write(json.dumps({"id": "q16", "prompt": "word " * 3000}) + "\n")  # too long: fails
     return path
 
 
 def job(input_file: Path, out: Path, executor: str = "ray", **ray) -> dict:
-    return {"model": {"dtype": "float32"}, "input": {"path": str(input_file)},
+    return {"model": {"dtype": "float32"}, "input": {"path": str(input_file), "max_error_rate": 0.5},
             "generation": {"max_new_tokens": 8}, "engine": {"kind": "static"},
             "output": {"path": str(out), "format": "jsonl"}, "executor": executor,
             "ray": {"num_workers": 2, "block_rows": 4, **ray}}
@@ -63,6 +64,11 @@ def results(out: Path) -> dict[str, tuple]:
             seen[r["id"]] = (r["completion"], r["finish_reason"], r["prompt_tokens"],
                              r["completion_tokens"])
     return seen
+
+
+def errors(out: Path) -> list[tuple]:
+    lines = (out / "errors.jsonl").read_text(encoding="utf-8").splitlines()
+    return [(e["id"], e["code"]) for e in map(json.loads, lines)]
 
 
 # ------------------------------------------------------------ plumbing (no ray, no model)
@@ -135,14 +141,15 @@ def test_ray_run_equals_local_run_and_reports_each_worker(cluster, input_file, l
     out = tmp_path / "run"
     summary = run(job(input_file, out))
     assert summary.status == "done"
-    assert summary.rows == {"succeeded": 16, "failed": 0, "skipped": 0}
+    assert summary.rows == {"succeeded": 16, "failed": 1, "skipped": 0}
     assert results(out) == local_results
+    assert errors(out) == [("q16", "too_long")]
     assert len(local_results) == 16
     m = json.loads((out / "manifest.json").read_text())
     assert sorted(s["name"] for s in m["shards"]) == [f"part-r0001-b{k:05d}.jsonl" for k in range(4)]
     (rec,) = m["runs"]
     assert rec["executor"] == "ray" and sum(w["rows"] for w in rec["workers"]) == 16
-    assert sum(w["blocks"] for w in rec["workers"]) == 4
+    assert sum(w["blocks"] for w in rec["workers"]) == 5  # the 5th holds only q16: no shard
     assert rec["device_count"] == sum(w["device_count"] for w in rec["workers"])
     report = json.loads((out / "report.json").read_text())
     assert report["cost"]["cost_usd"] == pytest.approx(sum(w["cost_usd"] for w in rec["workers"]))
@@ -161,6 +168,7 @@ def test_worker_killed_after_a_commit_still_gives_every_row_once(cluster, input_
     assert run(job(input_file, out)).status == "done"
     assert marker.exists()  # one worker did os._exit(1) right after committing its first shard
     assert results(out) == local_results  # no row lost, none twice, same text
+    assert errors(out) == [("q16", "too_long")]
     workers = json.loads((out / "manifest.json").read_text())["runs"][0]["workers"]
     assert sum(w["rows"] for w in workers) == 16
 
@@ -190,5 +198,6 @@ def test_resume_after_the_driver_is_killed(cluster, input_file, local_results, t
     summary = run(job(input_file, out, num_workers=1, block_rows=2))
     assert summary.status == "done"
     assert results(out) == local_results
+    assert errors(out) == [("q16", "too_long")]
     runs = json.loads((out / "manifest.json").read_text())["runs"]
     assert runs[-1]["skipped"] >= committed  # the dead driver's blocks were not redone

@@ -48,7 +48,7 @@ from jobrunner.pipeline import (
     _finalize_output,
     _summary,
 )
-from jobrunner.resume import open_run
+from jobrunner.resume import check_same_job, open_run
 from jobrunner.telemetry.device import cpu_count, detect_device
 from jobrunner.telemetry.report import write_reports
 
@@ -60,9 +60,12 @@ FAULT_ENV = "JOBRUNNER_RAY_FAULT_MARKER"  # tests only: see BlockWorker._fault_h
 def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
     out = output_format(cfg.output.format)
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
-    if rundir.finished and not opts.restart:
-        return _summary("nothing_to_do", rundir)
-    with open_run(rundir, cfg, opts) as (manifest, _skip_ids, _total):
+    if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
+        check_same_job(rundir, cfg)  # as the local executor: a changed job is refused (78)
+        summary = _summary("nothing_to_do", rundir)
+        _check_error_rate(cfg, summary)
+        return summary
+    with _on_signal(_interrupted), open_run(rundir, cfg, opts) as (manifest, _skip, _total):
         return _run(cfg, rundir, manifest, opts)
 
 
@@ -88,8 +91,8 @@ def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions) -
     rundir.save_manifest(manifest)
     if interrupted:
         write_reports(rundir)
-        raise Interrupted(f"interrupted: {sum(m['rows'] for m in metas)} rows committed to"
-                          f" {rundir.path}; run the same command again to continue")
+        raise Interrupted(f"interrupted: the committed blocks are kept in {rundir.path}; run the"
+                          " same command again to continue")
     _finalize_output(cfg, rundir, manifest)
     rundir.mark_success(manifest)
     summary = _summary("done", rundir)
@@ -146,7 +149,7 @@ def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag
                                "fault_marker": os.environ.get(FAULT_ENV)})
     rows = iter(ds.iter_rows())
     try:
-        with _stop_on_signal():
+        with _on_signal(_stopped):
             for row in rows:
                 _land(rundir, manifest, tag, json.loads(row["meta"]), metas, plan.rows)
     except _Stopped:
@@ -185,12 +188,22 @@ class _Stopped(Exception):
     pass
 
 
+def _stopped(signum: int) -> Exception:
+    """While blocks run: stop waiting; committed blocks stay, the rest is redone next time."""
+    log.warning("signal %s: keeping committed blocks and exiting", signum)
+    return _Stopped()
+
+
+def _interrupted(signum: int) -> Exception:
+    return Interrupted(f"signal {signum}: stopped; committed rows are kept, run the same"
+                       " command again to continue")
+
+
 @contextlib.contextmanager
-def _stop_on_signal() -> Iterator[None]:
-    """SIGTERM/SIGINT: stop waiting for blocks; committed blocks stay, the rest is redone."""
+def _on_signal(make_error) -> Iterator[None]:
+    """SIGTERM/SIGINT raise make_error(signum) in the main thread (commits are atomic)."""
     def on_signal(signum, frame):
-        log.warning("signal %s: keeping committed blocks and exiting", signum)
-        raise _Stopped
+        raise make_error(signum)
 
     if threading.current_thread() is not threading.main_thread():  # handlers need the main one
         yield
