@@ -115,6 +115,19 @@ def test_run_tags_never_repeat_even_when_a_run_committed_nothing(tmp_path):
     assert rundir.next_shard_name() == "part-00005.parquet"  # local numbering ignores ray names
 
 
+def test_one_worker_per_gpu_else_one_per_cpus_per_worker():
+    pytest.importorskip("ray")
+    from jobrunner.executors.ray import _worker_cfg, pool_size
+
+    gpu_job = JobConfig.model_validate({"model": {"device": "cuda:1"}})
+    assert pool_size(gpu_job, {"CPU": 32, "GPU": 8}) == (8, 1.0, 1.0)
+    assert _worker_cfg(gpu_job).model.device == "cuda"  # Ray gives each worker its own GPU
+    cpu_job = JobConfig.model_validate({"model": {"device": "cpu"}, "ray": {"cpus_per_worker": 4}})
+    assert pool_size(cpu_job, {"CPU": 17, "GPU": 2}) == (4, 4.0, 0.0)  # one CPU left spare
+    sized = JobConfig.model_validate({"ray": {"num_workers": 3}})
+    assert pool_size(sized, {"CPU": 2}) == (3, 1.0, 0.0)
+
+
 # ------------------------------------------------------------ a real cluster, the real model
 
 

@@ -177,8 +177,11 @@ def _land(rundir: RunDir, manifest: Manifest, tag: str, meta: dict[str, Any],
 
 
 def _worker_cfg(cfg: JobConfig) -> JobConfig:
-    """Workers may start elsewhere: a local model directory travels as an absolute path."""
+    """Workers may start elsewhere: a local model directory travels as an absolute path, and
+    `cuda:N` becomes `cuda` (Ray gives each worker its own GPU as its only visible one)."""
     out = cfg.model_copy(deep=True)
+    if cfg.model.device.startswith("cuda"):
+        out.model.device = "cuda"
     if Path(cfg.model.source).expanduser().exists():
         out.model.source = str(Path(cfg.model.source).expanduser().resolve())
     return out
