@@ -23,7 +23,7 @@ def batch_line(k: int, row: dict) -> dict:
             body["messages"] = [{"role": "system", "content": "Answer briefly."}, *row["messages"]]
         url = "/v1/chat/completions"
     else:
-        prompt = f"Question: {row['prompt'][:600]}\nAnswer:"
+        prompt = f"Question: {row['prompt'][:600]}\nAnswer: The"
         body = {"model": "gpt-4o-mini", "prompt": prompt, "max_tokens": 40, "stop": ["\n\n"]}
         url = "/v1/completions"
     if k % 5 == 3:

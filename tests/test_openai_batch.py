@@ -75,7 +75,6 @@ def test_body_fields_become_per_line_sampling_params():
     (line("a", CHAT, chat("x", temperature="hot")), "bad_body", "body.temperature"),
     (line("a", CHAT, chat("x", max_tokens=0)), "bad_body", "body.max_tokens"),
     (line("a", CHAT, chat("x", stop=[1])), "bad_body", "body.stop"),
-    (line("a", CHAT, chat("x", wat=1)), "bad_body", "body.wat"),
     (line("a", COMPL, {"prompt": ["p", "q"]}), "bad_body", "body.prompt"),
     (line("a", COMPL, {"prompt": "  "}), "empty_prompt", "body.prompt"),
 ])
@@ -134,7 +133,7 @@ def test_chat_uses_the_template_completions_the_raw_prompt(tmp_path, tokenizer, 
     data = write_lines(tmp_path / "b.jsonl", [
         line("c", CHAT, {"model": "gpt-4o-mini", "messages": msgs, "seed": 5, "temperature": 1.0}),
         line("p", COMPL, {"model": "gpt-4o-mini", "prompt": "Once upon a time", "max_tokens": 3}),
-        line("t", COMPL, {"model": "other", "prompt": [5, 6, 7]}),
+        line("t", COMPL, {"model": "other", "prompt": [5, 6, 7], "user": "u1", "store": True}),
         line("v", COMPL, {"prompt": [10**9]}),
     ])
     cfg = JobConfig.model_validate({"input": {"path": str(data), "format": "openai-batch"},
@@ -156,6 +155,9 @@ def test_chat_uses_the_template_completions_the_raw_prompt(tmp_path, tokenizer, 
         data.read_text().splitlines()[1])["body"]}
     warnings = [r for r in caplog.records if "differs from the job's model" in r.getMessage()]
     assert len(warnings) == 1
+    unused = sorted(r.getMessage().split("body.")[1].split()[0] for r in caplog.records
+                    if "is not used" in r.getMessage())
+    assert unused == ["store", "user"]
 
 
 # ------------------------------------------------------------------ end to end, real model
@@ -269,3 +271,30 @@ def test_rerun_does_nothing_and_reassembly_is_exact(batch_run):
     code, summary = run_cli(*args)
     assert (code, summary["rows"]) == (0, {"succeeded": 4, "failed": 5, "skipped": 9})
     assert all((out / name).read_bytes() == b for name, b in before.items())
+
+
+@pytest.mark.slow
+def test_static_engine_honours_each_lines_own_params_in_one_call(model_f32):
+    from jobrunner.config import JobConfig
+    from jobrunner.engine.static import StaticEngine
+
+    tok = model_f32.tokenizer
+
+    def chat_ids(text):
+        return tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+
+    # "a" has the shortest prompt, so it leads its batch: its stop string must not cut the others.
+    reqs = [Request("a", chat_ids("Hi."), SamplingParams(max_new_tokens=8, stop=(" ",))),
+            Request("b", chat_ids("Explain why the sky is blue."), SamplingParams(max_new_tokens=6)),
+            Request("c", chat_ids("Say something about cats."),
+                    SamplingParams(max_new_tokens=5, temperature=0.8), seq_seed=3)]
+    engine = StaticEngine(model_f32, JobConfig())
+    together = {r.id: r for r in engine.generate(reqs)}
+    for r in reqs:
+        alone = next(iter(StaticEngine(model_f32, JobConfig()).generate([r])))
+        got = together[r.id]
+        assert (got.token_ids, got.completion, got.finish_reason) == (
+            alone.token_ids, alone.completion, alone.finish_reason)
+    assert " " not in together["a"].completion and together["a"].finish_reason.value == "stop"
+    assert (together["b"].usage.completion_tokens, together["b"].finish_reason.value) == (6, "length")

@@ -35,8 +35,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
             "top_p", "stop", "seed"}
-IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
-           "reasoning_effort", "modalities"}
+# Any other body field (user, metadata, store, service_tier, ...) is ignored, with one warning.
 
 
 @dataclass
@@ -123,9 +122,9 @@ class OpenAIPreparer(Preparer):
             self._warned.add("model")
             log.warning("%s: body.model %r differs from the job's model %r; every line runs on"
                         " the job's model", raw.source, line.model, self.cfg.model.source)
-        for key in sorted((set(body) & IGNORED) - self._warned):
+        for key in sorted(set(body) - HONOURED - set(UNSUPPORTED) - self._warned):
             self._warned.add(key)
-            log.warning("%s: body.%s is ignored", raw.source, key)
+            log.warning("%s: body.%s is not used (warned once)", raw.source, key)
 
 
 PREPARERS["openai-batch"] = OpenAIPreparer
@@ -163,9 +162,6 @@ def check_unsupported(body: dict[str, Any]) -> None:
         if key in body and body[key] not in allowed:
             raise RenderError("unsupported", f"body.{key}={body[key]!r} is not supported yet"
                               " (remove it, or leave it at its default)", f"body.{key}")
-    unknown = sorted(set(body) - HONOURED - IGNORED - set(UNSUPPORTED))
-    if unknown:
-        raise RenderError("bad_body", f"unknown body field(s) {unknown}", f"body.{unknown[0]}")
 
 
 def parse_sampling(body: dict[str, Any], d: SamplingParams) -> tuple[SamplingParams, int | None]:
