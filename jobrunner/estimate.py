@@ -46,6 +46,8 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
     from jobrunner.prep.stream import dedup_key
 
     s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), set()
+    wave: set[int] | None = set()  # the first admission wave: its rows share nothing
+    wave_rows = wave_tokens = 0
     preparer = make_preparer(cfg, tokenizer)
     for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
         s.rows += 1
@@ -63,13 +65,25 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
         if key is not None:
             seen_keys.add(key)
         s.unique_bounds.append(bound)
-        s.computed_prompt_tokens += n - _cached(item.prompt_token_ids, cfg, seen_blocks)
+        computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks, add_to=wave)
+        s.computed_prompt_tokens += computed
+        wave_rows, wave_tokens = wave_rows + 1, wave_tokens + computed
+        if wave is not None and (wave_rows >= cfg.engine.max_num_seqs
+                                 or wave_tokens >= cfg.engine.max_batch_tokens):
+            seen_blocks |= wave
+            wave = None  # later rows are admitted as others finish: they see what came before
         _reservoir(s.sample, item, len(s.unique_bounds), sample_size, rng)
     return s
 
 
-def _cached(ids: list[int], cfg: JobConfig, seen: set[int]) -> int:
-    """Prompt tokens a warm, never-evicting prefix cache would serve (as the block manager)."""
+def _cached(ids: list[int], cfg: JobConfig, seen: set[int], add_to: set[int] | None = None) -> int:
+    """Prompt tokens a never-evicting prefix cache holding `seen` would serve (as the block
+    manager does); this prompt's blocks go to `add_to` (default: `seen`).
+
+    The first rows are admitted together, in one step, and cannot share what none has computed
+    yet: the scan adds the first wave's blocks to `seen` only once it is full (max_num_seqs rows
+    or max_batch_tokens tokens). After that, rows are admitted one by one as others finish.
+    """
     if not cfg.engine.prefix_caching:
         return 0
     bs, parent, hits, hitting = cfg.engine.block_size, None, 0, True
@@ -79,7 +93,7 @@ def _cached(ids: list[int], cfg: JobConfig, seen: set[int]) -> int:
             hits += bs
         else:
             hitting = False
-        seen.add(parent)
+        (seen if add_to is None else add_to).add(parent)
     return hits
 
 
@@ -140,7 +154,9 @@ def calibrate_run(cfg: JobConfig, sample: list[Any]) -> tuple[StepModel, float]:
     loaded = load_model(cfg.model)
     engine = make_engine(loaded, cfg)
     load_s = time.monotonic() - t0
-    results = list(engine.generate(iter(sample)))
+    # Two batch sizes, so the fit can tell the fixed cost of a step from each sequence's share.
+    cut = max(1, len(sample) // 3)
+    results = [r for part in (sample[:cut], sample[cut:]) if part for r in engine.generate(iter(part))]
     ok = [r.usage.completion_tokens for r in results if r.ok]
     mean = sum(ok) / len(ok) if ok else float(cfg.generation.max_new_tokens)
     return fit_step_model(engine.stats.step_log, load_s, len(sample)), mean

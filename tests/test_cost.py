@@ -80,12 +80,28 @@ def test_fit_recovers_step_and_token_time():
     assert m.source.startswith("calibrated: 5 sampled rows, 5 engine steps")
 
 
+def test_fit_separates_fixed_prefill_and_per_sequence_decode_time():
+    def step(p, d):
+        return {"batch_tokens": p + d, "prefill_tokens": p, "decode_tokens": d,
+                "step_seconds": 0.2 + 0.001 * p + 0.03 * d}
+
+    m = fit_step_model([step(300, 0), step(40, 2), step(0, 2), step(0, 6), step(0, 5), step(120, 4)],
+                       load_s=1.0, rows=6)
+    assert (m.step_s, m.token_s, m.decode_token_s) == pytest.approx((0.2, 0.001, 0.03))
+    # A fit that wants a negative coefficient drops that term instead.
+    m = fit_step_model([{"batch_tokens": 1, "prefill_tokens": 0, "decode_tokens": d,
+                         "step_seconds": 1.0 - 0.1 * d} for d in (1, 2, 3)], load_s=0.0, rows=3)
+    assert m.decode_token_s == 0.0 and m.step_s == pytest.approx(0.8)
+
+
 def test_forward_seconds_follows_continuous_batching():
     m = StepModel(step_s=0.1, token_s=0.01, load_s=0.0, source="test")
     # 8 rows of 10 tokens, 4 at a time: 20 decode steps; 100 prompt + 80 completion tokens.
     assert m.forward_seconds(100, [10] * 8, max_num_seqs=4) == pytest.approx(20 * 0.1 + 180 * 0.01)
     # Fewer rows than slots: the longest completion sets the step count.
     assert m.forward_seconds(0, [3, 30], max_num_seqs=64) == pytest.approx(30 * 0.1 + 33 * 0.01)
+    m = StepModel(step_s=0.1, token_s=0.01, load_s=0.0, source="test", decode_token_s=0.05)
+    assert m.forward_seconds(100, [10] * 8, max_num_seqs=4) == pytest.approx(2.0 + 1.0 + 80 * 0.05)
 
 
 def test_api_equivalent_prices_the_same_tokens():

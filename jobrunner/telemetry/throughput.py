@@ -1,14 +1,16 @@
-"""How long a job will take on this machine: a two-number step-time model. No torch.
+"""How long a job will take on this machine: a three-number step-time model. No torch.
 
-An engine step costs a fixed part (reading the weights once, scheduling: `step_s`) plus a part
-per token in the batch (the matmuls: `token_s`). A job's forward time is then
-    decode_steps * step_s + (computed prompt tokens + completion tokens) * token_s
+An engine step costs a fixed part (reading the weights once, scheduling: `step_s`), a part per
+prompt token it computes (`token_s`) and a part per sequence it decodes (`decode_token_s`: one
+new token each, plus attention over that sequence's context). A job's forward time is then
+    decode_steps * step_s + computed_prompt_tokens * token_s + completion_tokens * decode_token_s
 where decode_steps follows continuous batching: total completion tokens over the sequences that
 run together, and never fewer than the longest completion.
 
-The two numbers come either from a roofline default for the device class (peak FLOP/s and
-memory bandwidth at assumed efficiencies: NOT a measurement, and said so in every output), or
-from a least-squares fit to a calibration run's step log (`jobrunner estimate --calibrate N`).
+The numbers come either from a roofline default for the device class (peak FLOP/s and memory
+bandwidth at assumed efficiencies: NOT a measurement, and said so in every output), or from a
+non-negative least-squares fit to a calibration run's step log (`jobrunner estimate --calibrate
+N`, which runs its rows at two batch sizes so the fixed and per-sequence parts separate).
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ LOAD_GB_PER_S = 1.0  # weights read from a local disk or the page cache
 @dataclass(frozen=True)
 class StepModel:
     step_s: float  # fixed seconds per engine step
-    token_s: float  # seconds per token in the batch
+    token_s: float  # seconds per computed prompt token
     load_s: float  # model load and engine setup
     source: str  # where the numbers come from, in words
+    decode_token_s: float | None = None  # seconds per decoding sequence per step (None: token_s)
 
     def forward_seconds(self, computed_prompt_tokens: int, completions: list[int],
                         max_num_seqs: int) -> float:
         total = sum(completions)
         together = max(1, min(max_num_seqs, len(completions)))
         steps = max(total / together, max(completions, default=0))
-        return steps * self.step_s + (computed_prompt_tokens + total) * self.token_s
+        per_decode = self.token_s if self.decode_token_s is None else self.decode_token_s
+        return steps * self.step_s + computed_prompt_tokens * self.token_s + total * per_decode
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,18 +83,38 @@ def roofline_model(device: DeviceInfo, num_params: int, bytes_per_param: int) ->
 
 
 def fit_step_model(steps: list[dict[str, Any]], load_s: float, rows: int) -> StepModel:
-    """Least squares of step_seconds on batch tokens, both coefficients kept non-negative."""
-    pts = [(float(s["batch_tokens"]), float(s["step_seconds"])) for s in steps
-           if s.get("batch_tokens") and s.get("step_seconds") is not None]
-    if not pts:
+    """Non-negative least squares of step_seconds on (1, prefill tokens, decode tokens)."""
+    timed = [s for s in steps if s.get("batch_tokens") and s.get("step_seconds") is not None]
+    if not timed:
         raise ValueError("the calibration run logged no engine steps")
-    n = len(pts)
-    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-    var = sum((x - mx) ** 2 for x, _ in pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / var if var else 0.0
-    slope = max(slope, 0.0)
-    step_s = max(my - slope * mx, 0.0)
-    if step_s == 0.0:  # no fixed part: refit through the origin
-        slope = sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
-    return StepModel(step_s=step_s, token_s=slope, load_s=load_s,
-                     source=f"calibrated: {rows} sampled rows, {n} engine steps measured on this machine")
+    split = all(s.get("prefill_tokens") is not None for s in timed)
+    # Without a prefill/decode split (the static engine) a step is a batch: tokens only.
+    pts = [(1.0, float(s["prefill_tokens"] if split else s["batch_tokens"]),
+            float(s["decode_tokens"] or 0) if split else 0.0, float(s["step_seconds"])) for s in timed]
+    a, b, c = nnls3(pts)
+    return StepModel(step_s=a, token_s=b, load_s=load_s, decode_token_s=c if split else None,
+                     source=f"calibrated: {rows} sampled rows, {len(pts)} engine steps measured"
+                            " on this machine")
+
+
+def nnls3(pts: list[tuple[float, float, float, float]]) -> tuple[float, float, float]:
+    """Best non-negative (a, b, c) for y = a*x0 + b*x1 + c*x2, trying every subset of terms."""
+    import itertools
+
+    import numpy as np
+
+    X = np.array([p[:3] for p in pts])
+    y = np.array([p[3] for p in pts])
+    best, best_err = (0.0, 0.0, 0.0), float("inf")
+    for k in (3, 2, 1):
+        for cols in itertools.combinations(range(3), k):
+            coef, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+            if (coef < 0).any():
+                continue
+            full = [0.0, 0.0, 0.0]
+            for i, v in zip(cols, coef, strict=True):
+                full[i] = float(v)
+            err = float(((X @ np.array(full) - y) ** 2).sum())
+            if err < best_err - 1e-15:
+                best, best_err = tuple(full), err
+    return best
