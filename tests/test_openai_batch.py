@@ -298,3 +298,13 @@ def test_static_engine_honours_each_lines_own_params_in_one_call(model_f32):
             alone.token_ids, alone.completion, alone.finish_reason)
     assert " " not in together["a"].completion and together["a"].finish_reason.value == "stop"
     assert (together["b"].usage.completion_tokens, together["b"].finish_reason.value) == (6, "length")
+
+
+def test_the_format_modules_import_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, jobrunner.io.openai_batch, jobrunner.prep.openai, jobrunner.io.outputs;"
+            " print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
