@@ -1,0 +1,5 @@
+"""`python -m jobrunner` runs the CLI."""
+
+from jobrunner.cli import main
+
+main()
