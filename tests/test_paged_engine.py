@@ -6,6 +6,7 @@ Greedy float32 tokens must equal `model.generate` (batch 1) token for token.
 from __future__ import annotations
 
 import pydoc_data.topics
+
 import pytest
 import torch
 
@@ -135,7 +136,7 @@ def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypa
 def test_oom_on_a_single_short_row_fails_it(loaded, prompts, monkeypatch):
     monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", ",".join(str(i) for i in range(1, 40)))
     engine = make_engine(loaded, 64 << 20, max_num_seqs=1, max_batch_tokens=16)
-    (result,) = run(engine, requests(prompts[:1]))
+    (result,) = run(engine, requests(prompts[:1])).values()
     assert result.finish_reason is FinishReason.ERROR and result.error_code == "oom"
 
 
@@ -144,7 +145,7 @@ def test_nan_logits_fail_only_that_row(loaded, prompts, reference, monkeypatch):
     forward = engine.model.forward
 
     def poisoned(*args, **kw):
-        logits = forward(*args, **kw)
+        logits = forward(*args, **kw).clone()
         if engine.stats.steps == 3:
             logits[0] = float("nan")
         return logits

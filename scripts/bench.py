@@ -1,0 +1,246 @@
+"""Throughput benchmark: HF generate baselines vs the static and paged engines, one process.
+
+Workloads
+  a  mixed-length prompts, EOS honoured, max_new_tokens 256
+  b  the same prompts, ignore_eos, 64 new tokens
+  c  short questions behind one long shared system prompt, 64 new tokens, ignore_eos:
+     paged with prefix caching on vs off
+
+Prompts come from data/samples/prompts.parquet (`prompt` column) when present, else from
+Python's pydoc topic texts. Tokens/s counts generated tokens over the wall time of the whole
+workload. "HF one row at a time" runs a few rows and is extrapolated (labelled so).
+
+    python scripts/bench.py --quick          # a few minutes
+    python scripts/bench.py --rows 128       # a fuller run
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from jobrunner.config import JobConfig, ModelConfig
+from jobrunner.engine.loader import load_model
+from jobrunner.prep.order import order_requests
+from jobrunner.types import Request, SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def raw_texts() -> list[str]:
+    path = ROOT / "data/samples/prompts.parquet"
+    if path.exists():
+        import pyarrow.parquet as pq
+
+        return [t for t in pq.read_table(path, columns=["prompt"]).column(0).to_pylist() if t]
+    import pydoc_data.topics
+
+    return [f"Explain this documentation:\n{t[:8000]}" for t in pydoc_data.topics.topics.values()]
+
+
+def chat_ids(tok, user: str, system: str | None = None) -> list[int]:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+def mixed_prompts(tok, rows: int) -> list[list[int]]:
+    """Mixed lengths, 100..2,700 tokens, cycling over the texts (long ones cut)."""
+    rng = random.Random(0)
+    out = []
+    texts = raw_texts()
+    while len(out) < rows:
+        for t in texts:
+            ids = chat_ids(tok, t)[:2700]
+            if len(ids) >= 100 and len(out) < rows:
+                out.append(ids)
+        if not out:
+            raise SystemExit("no prompt of 100+ tokens found")
+    rng.shuffle(out)
+    return out
+
+
+def shared_prompts(tok, rows: int) -> list[list[int]]:
+    texts = sorted(raw_texts(), key=len)
+    system = " ".join(texts[-3:])[:4000]  # one long shared head (~1,000 tokens)
+    short = [t for t in texts if len(t) < 400] or texts[:50]
+    return [chat_ids(tok, short[i % len(short)][:400], system) for i in range(rows)]
+
+
+def requests(prompts, max_new: int, ignore_eos: bool) -> list[Request]:
+    params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
+    return [Request(str(i), p, params) for i, p in enumerate(prompts)]
+
+
+# ---------------------------------------------------------------- runners
+
+
+def hf_generate(
+    loaded, prompts, max_new: int, ignore_eos: bool, batch_size: int
+) -> tuple[int, float]:
+    """Left-padded, length-sorted static batches through HF generate; (tokens, seconds)."""
+    model, tok = loaded.model, loaded.tokenizer
+    eos = sorted(loaded.eos_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    order = sorted(prompts, key=len)
+    tokens, t0 = 0, time.perf_counter()
+    for i in range(0, len(order), batch_size):
+        chunk = order[i : i + batch_size]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        kw = (
+            {"eos_token_id": None, "min_new_tokens": max_new}
+            if ignore_eos
+            else {"eos_token_id": eos}
+        )
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=pad,
+            **kw,
+        )[:, width:]
+        tokens += sum(_count(row, eos, ignore_eos) for row in out.tolist())
+    return tokens, time.perf_counter() - t0
+
+
+def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
+    if ignore_eos:
+        return len(row)
+    for i, t in enumerate(row):
+        if t in eos:
+            return i + 1
+    return len(row)
+
+
+def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object]:
+    from jobrunner.engine.base import ENGINES
+
+    cfg = JobConfig()
+    for k, v in engine.items():
+        setattr(cfg.engine, k, v)
+    eng = ENGINES[kind](loaded, cfg)
+    t0 = time.perf_counter()
+    tokens = sum(r.usage.completion_tokens for r in eng.generate(order_requests(reqs, 4096)))
+    return tokens, time.perf_counter() - t0, eng.stats
+
+
+# ---------------------------------------------------------------- report
+
+
+class Table:
+    def __init__(self):
+        self.rows: list[tuple[str, str, float, str]] = []
+
+    def add(self, workload: str, what: str, tokens: int, seconds: float, note: str = "") -> float:
+        tps = tokens / seconds if seconds else 0.0
+        self.rows.append((workload, what, tps, note))
+        print(
+            f"  {workload}  {what:<34} {tps:8.1f} tok/s  ({tokens} tokens, {seconds:.1f} s) {note}",
+            flush=True,
+        )
+        return tps
+
+    def show(self, baselines: dict[str, float]) -> None:
+        print("\nworkload  engine                               tok/s   vs HF static  note")
+        for w, what, tps, note in self.rows:
+            base = baselines.get(w)
+            ratio = f"{tps / base:6.2f}x" if base else "      -"
+            print(f"{w:<9} {what:<34} {tps:8.1f}   {ratio}      {note}")
+
+
+def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None:
+    prompts = mixed_prompts(loaded.tokenizer, args.rows)
+    for w, max_new, ignore_eos in (("b", 64, True), ("a", 256, False)):
+        if w not in args.workloads:
+            continue
+        print(
+            f"workload {w}: {len(prompts)} mixed prompts, {max_new} new tokens, ignore_eos={ignore_eos}"
+        )
+        n1 = min(args.single_rows, len(prompts))
+        tok1, s1 = hf_generate(loaded, prompts[:n1], max_new, ignore_eos, 1)
+        table.add(w, "HF generate, 1 row at a time", tok1, s1, f"extrapolated from {n1} rows")
+        best = 0.0
+        for bs in args.hf_batch_sizes:
+            best = max(
+                best,
+                table.add(
+                    w,
+                    f"HF static batches of {bs}",
+                    *hf_generate(loaded, prompts, max_new, ignore_eos, bs),
+                ),
+            )
+        baselines[w] = best
+        reqs = requests(prompts, max_new, ignore_eos)
+        if _has_static():
+            tok, s, _ = run_engine("static", loaded, reqs)
+            table.add(w, "jobrunner static", tok, s)
+        tok, s, st = run_engine("paged", loaded, reqs, **args.paged)
+        table.add(
+            w, "jobrunner paged", tok, s, f"busy {st.busy_fraction:.0%}, preempt {st.preemptions}"
+        )
+
+
+def bench_shared(loaded, args, table: Table) -> None:
+    prompts = shared_prompts(loaded.tokenizer, args.rows)
+    print(
+        f"workload c: {len(prompts)} rows sharing a {len(prompts[0]) - 20}-token head, 64 new tokens"
+    )
+    reqs = requests(prompts, 64, True)
+    results = {}
+    for caching in (False, True):
+        tok, s, st = run_engine("paged", loaded, reqs, prefix_caching=caching, **args.paged)
+        computed = st.prefill_tokens / max(1, sum(len(p) for p in prompts))
+        results[caching] = table.add(
+            "c",
+            f"paged, prefix_caching={caching}",
+            tok,
+            s,
+            f"computed {computed:.0%} of prompt tokens",
+        )
+    print(f"  c  prefix cache speed-up: {results[True] / results[False]:.2f}x")
+
+
+def _has_static() -> bool:
+    try:
+        import jobrunner.engine.static  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="32 rows, fewer baselines")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--workloads", default="abc")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batch-tokens", type=int, default=4096)
+    args = p.parse_args()
+    args.single_rows = 2 if args.quick else 4
+    args.hf_batch_sizes = (16, 32) if args.quick else (16, 32, 64)
+    args.rows = 32 if args.quick else args.rows
+    args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
+    torch.set_num_threads(args.threads)
+    loaded = load_model(ModelConfig(dtype=args.dtype))
+    table, baselines = Table(), {}
+    bench_mixed(loaded, args, table, baselines)
+    if "c" in args.workloads:
+        bench_shared(loaded, args, table)
+    table.show(baselines)
+
+
+if __name__ == "__main__":
+    main()
