@@ -35,6 +35,7 @@ class Scan:
     prompt_tokens: int = 0
     bounds: list[int] = field(default_factory=list)  # per valid row: max completion tokens
     unique_bounds: list[int] = field(default_factory=list)  # the same, duplicates once
+    unique_prompts: list[int] = field(default_factory=list)  # prompt tokens, duplicates once
     computed_prompt_tokens: int = 0  # unique rows, less the prefix-cache hits
     deduplicated: int = 0
     sample: list[Any] = field(default_factory=list)  # reservoir of requests for calibration
@@ -65,6 +66,7 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
         if key is not None:
             seen_keys.add(key)
         s.unique_bounds.append(bound)
+        s.unique_prompts.append(n)
         computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks, add_to=wave)
         s.computed_prompt_tokens += computed
         wave_rows, wave_tokens = wave_rows + 1, wave_tokens + computed
@@ -121,10 +123,11 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
         expected = sum(min(b, mean_completion) for b in scan.bounds)
         how = f"measured: mean {mean_completion:.1f} tokens over {len(scan.sample)} sampled rows"
     else:
-        model = roofline_model(device, *model_size(cfg))
+        model = roofline_model(device, *model_size(cfg), kv_bytes_per_token(cfg))
         completions, expected = scan.unique_bounds, sum(scan.bounds)
         how = "upper bound: every row generates max_new_tokens (use --calibrate N to measure)"
-    forward = model.forward_seconds(scan.computed_prompt_tokens, completions, cfg.engine.max_num_seqs)
+    forward = model.forward_seconds(scan.computed_prompt_tokens, completions,
+                                    cfg.engine.max_num_seqs, scan.unique_prompts)
     wall = model.load_s + forward + OTHER_S_PER_ROW * scan.rows
     cost = wall * usd_per_hour / 3600
     tokens = scan.prompt_tokens + expected
@@ -159,7 +162,7 @@ def calibrate_run(cfg: JobConfig, sample: list[Any]) -> tuple[StepModel, float]:
     results = [r for part in (sample[:cut], sample[cut:]) if part for r in engine.generate(iter(part))]
     ok = [r.usage.completion_tokens for r in results if r.ok]
     mean = sum(ok) / len(ok) if ok else float(cfg.generation.max_new_tokens)
-    return fit_step_model(engine.stats.step_log, load_s, len(sample)), mean
+    return fit_step_model(engine.stats.step_log, load_s, len(sample), cfg.engine.block_size), mean
 
 
 def model_size(cfg: JobConfig) -> tuple[int, int]:
@@ -182,6 +185,28 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
     return n, dtype_bytes
 
 
+def kv_bytes_per_token(cfg: JobConfig) -> int:
+    """KV-cache bytes one token of context takes (keys and values, every layer), from config."""
+    from jobrunner.engine.loader import _local_dir_or_gguf
+
+    try:
+        c = _hf_config(Path(_local_dir_or_gguf(cfg.model)))
+        heads = c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        return 2 * c.num_hidden_layers * kv_heads * head_dim * model_size(cfg)[1]
+    except Exception:  # an architecture without these fields: no context term
+        return 0
+
+
+def _hf_config(where: Path):
+    from transformers import AutoConfig
+
+    if where.suffix == ".gguf":
+        return AutoConfig.from_pretrained(str(where.parent), gguf_file=where.name)
+    return AutoConfig.from_pretrained(str(where))
+
+
 def _safetensors_params(path: Path) -> int:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
@@ -198,10 +223,7 @@ def _safetensors_params(path: Path) -> int:
 
 def _config_params(where: Path) -> int:
     """A decoder's parameters from its config (for GGUF sources without safetensors)."""
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(str(where.parent if where.suffix == ".gguf" else where),
-                                   **({"gguf_file": where.name} if where.suffix == ".gguf" else {}))
+    c = _hf_config(where)
     h, layers, inter, vocab = c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.vocab_size
     kv = getattr(c, "num_key_value_heads", c.num_attention_heads) / c.num_attention_heads
     per_layer = h * h * (2 + 2 * kv) + 3 * h * inter

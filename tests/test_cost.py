@@ -87,11 +87,26 @@ def test_fit_separates_fixed_prefill_and_per_sequence_decode_time():
 
     m = fit_step_model([step(300, 0), step(40, 2), step(0, 2), step(0, 6), step(0, 5), step(120, 4)],
                        load_s=1.0, rows=6)
-    assert (m.step_s, m.token_s, m.decode_token_s) == pytest.approx((0.2, 0.001, 0.03))
+    assert (m.step_s, m.token_s, m.decode_token_s, m.context_token_s) == pytest.approx(
+        (0.2, 0.001, 0.03, 0.0), abs=1e-9)
     # A fit that wants a negative coefficient drops that term instead.
     m = fit_step_model([{"batch_tokens": 1, "prefill_tokens": 0, "decode_tokens": d,
                          "step_seconds": 1.0 - 0.1 * d} for d in (1, 2, 3)], load_s=0.0, rows=3)
     assert m.decode_token_s == 0.0 and m.step_s == pytest.approx(0.8)
+
+
+def test_fit_finds_the_attention_cost_of_long_contexts():
+    def step(d, blocks):
+        return {"batch_tokens": d, "prefill_tokens": 0, "decode_tokens": d, "kv_blocks_used": blocks,
+                "step_seconds": 0.1 + 0.02 * d + 0.0005 * blocks * 16}
+
+    m = fit_step_model([step(2, 100), step(2, 110), step(4, 40), step(4, 60), step(3, 200)],
+                       load_s=0.0, rows=4, block_size=16)
+    assert (m.step_s, m.decode_token_s, m.context_token_s) == pytest.approx((0.1, 0.02, 0.0005))
+    # Two rows of 100 prompt tokens, 10 new tokens each: 2 * 10 * (100 + 5) context-token steps.
+    m = StepModel(step_s=0.0, token_s=0.0, load_s=0.0, source="t", decode_token_s=0.0,
+                  context_token_s=0.001)
+    assert m.forward_seconds(0, [10, 10], 8, prompts=[100, 100]) == pytest.approx(2.1)
 
 
 def test_forward_seconds_follows_continuous_batching():

@@ -1,11 +1,14 @@
-"""How long a job will take on this machine: a three-number step-time model. No torch.
+"""How long a job will take on this machine: a four-number step-time model. No torch.
 
 An engine step costs a fixed part (reading the weights once, scheduling: `step_s`), a part per
-prompt token it computes (`token_s`) and a part per sequence it decodes (`decode_token_s`: one
-new token each, plus attention over that sequence's context). A job's forward time is then
-    decode_steps * step_s + computed_prompt_tokens * token_s + completion_tokens * decode_token_s
-where decode_steps follows continuous batching: total completion tokens over the sequences that
-run together, and never fewer than the longest completion.
+prompt token it computes (`token_s`), a part per sequence it decodes (`decode_token_s`: one new
+token each) and a part per token of context those sequences attend to (`context_token_s`:
+reading the KV cache). A job's forward time is then
+    decode_steps * step_s + computed_prompt_tokens * token_s
+      + completion_tokens * decode_token_s + context_token_steps * context_token_s
+where decode_steps follows continuous batching (total completion tokens over the sequences that
+run together, and never fewer than the longest completion) and context_token_steps sums, over
+rows, the context each decode step reads: c * (prompt + c / 2) for c completion tokens.
 
 The numbers come either from a roofline default for the device class (peak FLOP/s and memory
 bandwidth at assumed efficiencies: NOT a measurement, and said so in every output), or from a
@@ -48,14 +51,18 @@ class StepModel:
     load_s: float  # model load and engine setup
     source: str  # where the numbers come from, in words
     decode_token_s: float | None = None  # seconds per decoding sequence per step (None: token_s)
+    context_token_s: float = 0.0  # seconds per context token a decoding sequence attends to
 
     def forward_seconds(self, computed_prompt_tokens: int, completions: list[int],
-                        max_num_seqs: int) -> float:
+                        max_num_seqs: int, prompts: list[int] | None = None) -> float:
+        """`completions[i]` new tokens after `prompts[i]` prompt tokens, for each unique row."""
         total = sum(completions)
         together = max(1, min(max_num_seqs, len(completions)))
         steps = max(total / together, max(completions, default=0))
         per_decode = self.token_s if self.decode_token_s is None else self.decode_token_s
-        return steps * self.step_s + computed_prompt_tokens * self.token_s + total * per_decode
+        context = sum(c * (p + c / 2) for p, c in zip(prompts or [], completions, strict=False))
+        return (steps * self.step_s + computed_prompt_tokens * self.token_s + total * per_decode
+                + context * self.context_token_s)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +74,8 @@ def device_class(device: DeviceInfo) -> DeviceClass:
     return next((c for k, c in GPU_CLASSES if k.lower() in device.name.lower()), UNKNOWN_GPU)
 
 
-def roofline_model(device: DeviceInfo, num_params: int, bytes_per_param: int) -> StepModel:
+def roofline_model(device: DeviceInfo, num_params: int, bytes_per_param: int,
+                   kv_bytes_per_token: int = 0) -> StepModel:
     """The default: spec-sheet peaks at assumed efficiencies (not measured on this machine)."""
     c, kind = device_class(device), device.kind
     n = device.count  # CPU: cores; GPU: tensor-parallel devices
@@ -76,45 +84,56 @@ def roofline_model(device: DeviceInfo, num_params: int, bytes_per_param: int) ->
     weights = num_params * bytes_per_param
     return StepModel(step_s=weights / bw + STEP_OVERHEAD_S[kind], token_s=2 * num_params / flops,
                      load_s=weights / (LOAD_GB_PER_S * 1e9) + 2.0,
+                     context_token_s=kv_bytes_per_token / bw,
                      source=(f"roofline default for {n} x {device.name} (not measured: assumed"
                              f" {MFU[kind]:.0%} of {c.tflops:g} TFLOP/s and {BW_EFF[kind]:.0%} of"
                              f" {c.tb_per_s:g} TB/s per {'core' if kind == 'cpu' else 'GPU'};"
                              " use --calibrate N to measure)"))
 
 
-def fit_step_model(steps: list[dict[str, Any]], load_s: float, rows: int) -> StepModel:
-    """Non-negative least squares of step_seconds on (1, prefill tokens, decode tokens)."""
+def fit_step_model(steps: list[dict[str, Any]], load_s: float, rows: int,
+                   block_size: int = 16) -> StepModel:
+    """Non-negative least squares of step_seconds on (1, prefill tokens, decode tokens, context).
+
+    Context is the KV cache in use during a decode step (blocks x block_size), which is what
+    the step's attention reads.
+    """
     timed = [s for s in steps if s.get("batch_tokens") and s.get("step_seconds") is not None]
     if not timed:
         raise ValueError("the calibration run logged no engine steps")
     split = all(s.get("prefill_tokens") is not None for s in timed)
-    # Without a prefill/decode split (the static engine) a step is a batch: tokens only.
-    pts = [(1.0, float(s["prefill_tokens"] if split else s["batch_tokens"]),
-            float(s["decode_tokens"] or 0) if split else 0.0, float(s["step_seconds"])) for s in timed]
-    a, b, c = nnls3(pts)
+    if split:  # the paged engine
+        pts = [(1.0, float(s["prefill_tokens"]), float(s["decode_tokens"] or 0),
+                float((s.get("kv_blocks_used") or 0) * block_size) if s["decode_tokens"] else 0.0,
+                float(s["step_seconds"])) for s in timed]
+    else:  # no prefill/decode split (the static engine): a step is a batch, tokens only
+        pts = [(1.0, float(s["batch_tokens"]), 0.0, 0.0, float(s["step_seconds"])) for s in timed]
+    a, b, c, d = nnls(pts)
     return StepModel(step_s=a, token_s=b, load_s=load_s, decode_token_s=c if split else None,
+                     context_token_s=d,
                      source=f"calibrated: {rows} sampled rows, {len(pts)} engine steps measured"
                             " on this machine")
 
 
-def nnls3(pts: list[tuple[float, float, float, float]]) -> tuple[float, float, float]:
-    """Best non-negative (a, b, c) for y = a*x0 + b*x1 + c*x2, trying every subset of terms."""
+def nnls(pts: list[tuple[float, ...]]) -> tuple[float, ...]:
+    """Best non-negative coefficients for y = sum(k_i * x_i) (each point: x..., y), trying
+    every subset of terms (a handful of terms: 2^k small least-squares problems)."""
     import itertools
 
     import numpy as np
 
-    X = np.array([p[:3] for p in pts])
-    y = np.array([p[3] for p in pts])
-    best, best_err = (0.0, 0.0, 0.0), float("inf")
-    for k in (3, 2, 1):
-        for cols in itertools.combinations(range(3), k):
+    X = np.array([p[:-1] for p in pts])
+    y = np.array([p[-1] for p in pts])
+    k = X.shape[1]
+    best, best_err = (0.0,) * k, float(((y) ** 2).sum())
+    for size in range(k, 0, -1):
+        for cols in itertools.combinations(range(k), size):
             coef, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
             if (coef < 0).any():
                 continue
-            full = [0.0, 0.0, 0.0]
-            for i, v in zip(cols, coef, strict=True):
-                full[i] = float(v)
-            err = float(((X @ np.array(full) - y) ** 2).sum())
+            full = np.zeros(k)
+            full[list(cols)] = coef
+            err = float(((X @ full - y) ** 2).sum())
             if err < best_err - 1e-15:
-                best, best_err = tuple(full), err
+                best, best_err = tuple(float(v) for v in full), err
     return best
