@@ -89,6 +89,10 @@ def run_check(cfg: Any, sample: int, quantization: str | None, write: Path | Non
     if mode not in QUANTIZERS or mode == "none":
         raise ConfigError(f"--quantization: {mode!r} is not one of int8, int4, fp8")
     cfg.model.quantization = mode
+    if cfg.engine.num_threads:
+        import torch
+
+        torch.set_num_threads(cfg.engine.num_threads)
     loaded = load_model(cfg.model)
     quantizer = check_quantization(cfg.model, loaded.device, loaded.dtype)
     reqs = sample_requests(cfg, loaded.tokenizer, sample)

@@ -31,11 +31,15 @@ def check_quantization(cfg: Any, device: Any, dtype: Any) -> Quantizer:
 
 
 def apply_quantization(loaded: Any, cfg: Any) -> QuantSummary:
-    """Quantize `loaded.model` in place as `cfg` (a ModelConfig) asks; once per model."""
+    """Quantize `loaded.model` in place as `cfg` (a ModelConfig) asks; once per model (the
+    quality gate quantizes before the engine is built, the pipeline asks again)."""
     done = getattr(loaded.model, "_jobrunner_quant", None)
     if done is not None:
+        if done.quantization != cfg.quantization:
+            raise ValueError(f"the model is already quantized as {done.quantization}")
         return done
     q = check_quantization(cfg, loaded.device, loaded.dtype)
     summary = quantize_model(loaded.model, q, list(cfg.keep_in_16bit))
-    loaded.model._jobrunner_quant = summary
+    if q.name != "none":
+        loaded.model._jobrunner_quant = summary
     return summary
