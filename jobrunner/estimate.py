@@ -150,11 +150,13 @@ def calibrate_run(cfg: JobConfig, sample: list[Any]) -> tuple[StepModel, float]:
     """Generate the sampled rows with the real model: the measured step model and mean length."""
     from jobrunner.engine.base import make_engine
     from jobrunner.engine.loader import load_model
+    from jobrunner.engine.quant import apply_quantization
 
     if not sample:
         raise ValueError("no valid rows to calibrate on")
     t0 = time.monotonic()
     loaded = load_model(cfg.model)
+    apply_quantization(loaded, cfg.model)  # calibrate the speed of the weights the job will run
     engine = make_engine(loaded, cfg)
     load_s = time.monotonic() - t0
     # Two batch sizes, so the fit can tell the fixed cost of a step from each sequence's share.

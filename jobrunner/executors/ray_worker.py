@@ -40,12 +40,14 @@ class BlockWorker:
                  fault_marker: str | None = None) -> None:
         from jobrunner.engine.base import make_engine
         from jobrunner.engine.loader import load_model
+        from jobrunner.engine.quant import apply_quantization
         from jobrunner.prep.prepare import make_preparer
 
         t0 = time.monotonic()
         self.cfg, self.tag, self.fault_marker = cfg, tag, fault_marker
         self.rundir = RunDir(run_path, fmt)
         self.loaded = load_model(cfg.model)
+        apply_quantization(self.loaded, cfg.model)  # the quality gate (quality_check) is not run here
         if self.loaded.device.type == "cpu" and not cfg.engine.num_threads:
             import torch
 
