@@ -35,6 +35,13 @@ class ModelConfig(_Strict):
     quality_check: int = Field(0, ge=0)
     quality_min_agreement: float | None = Field(None, ge=0.0, le=1.0)
 
+    @model_validator(mode="after")
+    def _gate_has_rows(self) -> ModelConfig:
+        if self.quality_min_agreement is not None and not self.quality_check:
+            raise ValueError("quality_min_agreement needs quality_check: N, the number of sampled"
+                             " rows to measure the agreement on (e.g. 16)")
+        return self
+
 
 class PromptConfig(_Strict):
     """Exactly one of column, messages_column, template."""

@@ -100,6 +100,13 @@ def test_kv_bytes_per_token_for_smollm2_shape():
     assert kv_bytes_per_token(30, 3, 64, "fp8") == 11880
 
 
+def test_a_minimum_agreement_without_a_quality_check_is_a_config_error(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model:\n  quantization: int8\n  quality_min_agreement: 0.9\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:1 model: quality_min_agreement needs quality_check"):
+        load_job(job)
+
+
 def test_propose_keeps_lm_head_and_the_worst_five_percent():
     errs = [LayerError(f"model.layers.{i}.mlp.down_proj", 8, 8, 1.0 - i / 100) for i in range(40)]
     errs.insert(3, LayerError("lm_head", 8, 8, 0.01))

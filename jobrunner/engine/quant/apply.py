@@ -20,9 +20,6 @@ def prepare_weights(loaded: Any, cfg: Any) -> dict[str, Any]:
     if m.kv_cache_dtype != "auto" and cfg.engine.kind == "static":
         raise ConfigError("model.kv_cache_dtype: a quantized KV cache needs the paged engine"
                           " (engine.kind: paged); the static engine keeps HF's cache")
-    if m.quality_min_agreement is not None and not m.quality_check:
-        raise ConfigError("model.quality_min_agreement: set model.quality_check to the number of"
-                          " sampled rows to measure it on (e.g. 16)")
     record: dict[str, Any] = {"kv_cache_dtype": m.kv_cache_dtype}
     if m.quantization != "none" and m.quality_check:
         quality = run_quality_check(loaded, cfg, lambda: apply_quantization(loaded, m))

@@ -6,7 +6,6 @@ on PyTorch's own `torch._scaled_mm` (row-wise scaling). Needs a GPU with fp8 ten
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from jobrunner.engine.quant.base import Quantizer, flat, register
@@ -32,8 +31,8 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = to_fp8_rows(flat(x))  # (M, K), (M, 1)
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale,
-                             bias=self.bias, out_dtype=x.dtype)  # (M, N)
-        return y.view(*x.shape[:-1], -1)
+                             out_dtype=x.dtype).view(*x.shape[:-1], -1)  # (..., N)
+        return y if self.bias is None else y + self.bias
 
 
 class Fp8Embedding(nn.Module):
@@ -44,7 +43,7 @@ class Fp8Embedding(nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = F.embedding(ids, self.weight.view(torch.uint8)).view(FP8)  # gather as bytes
+        rows = self.weight.view(torch.uint8)[ids].view(FP8)  # gathered as bytes
         return (rows.float() * self.scale[ids]).to(self.dtype)
 
 

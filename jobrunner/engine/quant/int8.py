@@ -51,7 +51,7 @@ class Int8Embedding(nn.Module):
         self.register_buffer("scale", scale)  # (V,)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.qweight).to(self.scale.dtype) * self.scale[ids, None]
+        return self.qweight[ids].to(self.scale.dtype) * self.scale[ids, None]
 
 
 @register("int8")
