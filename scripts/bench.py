@@ -50,14 +50,14 @@ def chat_ids(tok, user: str, system: str | None = None) -> list[int]:
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-def mixed_prompts(tok, rows: int) -> list[list[int]]:
-    """Mixed lengths, 100..2,700 tokens, cycling over the texts (long ones cut)."""
+def mixed_prompts(tok, rows: int, max_tokens: int) -> list[list[int]]:
+    """Mixed lengths, 100..max_tokens tokens, cycling over the texts (long ones cut)."""
     rng = random.Random(0)
     out = []
     texts = raw_texts()
     while len(out) < rows:
         for t in texts:
-            ids = chat_ids(tok, t)[:2700]
+            ids = chat_ids(tok, t)[:max_tokens]
             if len(ids) >= 100 and len(out) < rows:
                 out.append(ids)
         if not out:
@@ -68,7 +68,7 @@ def mixed_prompts(tok, rows: int) -> list[list[int]]:
 
 def shared_prompts(tok, rows: int) -> list[list[int]]:
     texts = sorted(raw_texts(), key=len)
-    system = " ".join(texts[-3:])[:4000]  # one long shared head (~1,000 tokens)
+    system = " ".join(texts[-3:])[:2400]  # one long shared head (~600 tokens)
     short = [t for t in texts if len(t) < 400] or texts[:50]
     return [chat_ids(tok, short[i % len(short)][:400], system) for i in range(rows)]
 
@@ -158,7 +158,7 @@ class Table:
 
 
 def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None:
-    prompts = mixed_prompts(loaded.tokenizer, args.rows)
+    prompts = mixed_prompts(loaded.tokenizer, args.rows, args.max_prompt_tokens)
     for w, max_new, ignore_eos in (("b", 64, True), ("a", 256, False)):
         if w not in args.workloads:
             continue
@@ -221,17 +221,21 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="32 rows, fewer baselines")
+    p.add_argument("--quick", action="store_true", help="16 rows, fewer baselines")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--workloads", default="abc")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-prompt-tokens", type=int, default=2700, help="--quick: 600")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-batch-tokens", type=int, default=4096)
     args = p.parse_args()
-    args.single_rows = 2 if args.quick else 4
+    args.single_rows = 1 if args.quick else 4
+    args.max_prompt_tokens = (
+        min(args.max_prompt_tokens, 600) if args.quick else args.max_prompt_tokens
+    )
     args.hf_batch_sizes = (16, 32) if args.quick else (16, 32, 64)
-    args.rows = 32 if args.quick else args.rows
+    args.rows = 16 if args.quick else args.rows
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))

@@ -54,11 +54,11 @@ def chat_ids(tok, user: str, system: str | None = None) -> list[int]:
 
 @pytest.fixture(scope="module")
 def prompts(loaded) -> list[list[int]]:
-    """36 real prompts: short questions, documentation texts of mixed length, shared heads."""
+    """32 real prompts: short questions, documentation texts of mixed length, shared heads."""
     tok = loaded.tokenizer
-    topics = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)[:12]]
-    docs = [f"Summarize this documentation:\n{t[: 150 + 160 * i]}" for i, t in enumerate(topics)]
-    out = [chat_ids(tok, q) for q in QUESTIONS]
+    topics = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)[:10]]
+    docs = [f"Summarize this documentation:\n{t[: 150 + 120 * i]}" for i, t in enumerate(topics)]
+    out = [chat_ids(tok, q) for q in QUESTIONS[:10]]
     out += [chat_ids(tok, d) for d in docs]
     out += [chat_ids(tok, q, SYSTEM) for q in QUESTIONS]
     return out
@@ -104,8 +104,10 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
     engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
     results = run(engine, requests(prompts))
     assert_matches(results, reference)
-    shared = [results[str(i)].usage.cached_tokens for i in range(24, 36)]
-    assert min(shared[1:]) >= 96  # the system prompt head is served from the cache
+    shared = [results[str(i)].usage.cached_tokens for i in range(20, 32)]
+    # the system prompt head is served from the cache (rows admitted in the same step as the
+    # first one cannot hit: blocks are named only once computed)
+    assert sum(c >= 96 for c in shared) >= 6, shared
     assert engine.stats.cached_tokens == sum(r.usage.cached_tokens for r in results.values())
     r0 = results["0"]
     assert r0.usage.prompt_tokens == len(prompts[0])
@@ -116,8 +118,8 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
 
 
 def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
-    rows = list(range(0, 36, 3))
-    engine = make_engine(loaded, 1400 * 46080)  # ~1,400 tokens of KV for 12 rows
+    rows = list(range(0, 32, 3))
+    engine = make_engine(loaded, 1200 * 46080)  # ~1,200 tokens of KV for 11 rows
     results = run(engine, requests([prompts[i] for i in rows]))
     assert engine.stats.preemptions > 0
     remapped = {str(rows[int(k)]): v for k, v in results.items()}
