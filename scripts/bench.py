@@ -122,6 +122,7 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
 
 
 def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object]:
+    import jobrunner.engine.paged  # noqa: F401  (registers)
     from jobrunner.engine.base import ENGINES
 
     cfg = JobConfig()

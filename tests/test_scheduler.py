@@ -111,3 +111,16 @@ def test_prefix_hit_counts_cached_tokens():
     assert rows(batch)[-1] == (b.seq_id, 1)
     assert b.num_cached_tokens == 4 and s.num_cached_tokens == 4
     assert b.block_table[:2] == a.block_table[:2]
+
+
+def test_shared_head_waits_one_step_for_the_cache():
+    s = make_sched(block_size=2)
+    a, b = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 7])
+    s.add(a)
+    s.add(b)
+    batch = s.schedule()
+    assert batch.seqs == [a]  # b's head is being computed by a in this step
+    s.postprocess(batch, [6])
+    batch = s.schedule()
+    assert rows(batch) == [(a.seq_id, 1), (b.seq_id, 1)]
+    assert b.num_cached_tokens == 4

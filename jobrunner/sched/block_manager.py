@@ -64,6 +64,16 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
+    def next_block_hash(self, seq: Sequence, num_hits: int) -> int | None:
+        """Chained hash of the first block after the cached head, when that block is full."""
+        bs = self.block_size
+        if not self.enable_prefix_caching or (num_hits + 1) * bs > seq.num_tokens - 1:
+            return None
+        parent = None
+        for i in range(num_hits + 1):
+            parent = chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+        return parent
+
     def num_blocks_to_admit(self, hits: list[int], num_tokens: int) -> int:
         """Free blocks that admitting with `hits` and `num_tokens` tokens in all would use."""
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)

@@ -99,13 +99,20 @@ class Scheduler:
         self.add(seq)
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        """Admit in queue order. A sequence whose next uncached block is being computed in this
+        very step by a sequence admitted before it waits one step, then hits the cache."""
         bm = self.block_manager
+        computing: set[int] = set()  # hashes of the first uncached block of admitted sequences
         while self.waiting and budget > 0 and len(batch) < self.max_num_seqs:
             seq = self.waiting[0][2]
             if seq.is_finished:  # aborted while waiting
                 heapq.heappop(self.waiting)
                 continue
             hits = bm.cached_prefix(seq)
+            upcoming = bm.next_block_hash(seq, len(hits))
+            if upcoming is not None and upcoming in computing:
+                break
+            computing.add(upcoming)
             n = min(seq.num_tokens - len(hits) * bm.block_size, budget)
             need = bm.num_blocks_to_admit(hits, len(hits) * bm.block_size + n)
             if need + self.watermark_blocks > bm.num_free_blocks and (
