@@ -57,3 +57,16 @@ def test_samples_exist_with_a_length_spread():
     assert len(rows) >= 200
     lengths = sorted(len(r.values["prompt"]) for r in rows)
     assert lengths[0] < 200 and lengths[-1] > 6000  # chars: short questions to >1,000 tokens
+
+
+def test_auto_format_recognises_an_openai_batch_file(tmp_path):
+    from jobrunner.io.readers import resolve_format
+
+    batch = tmp_path / "requests.jsonl"
+    batch.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                                 "body": {"prompt": "hi"}}) + "\n")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"id": "a", "prompt": "hi", "body": "x"}) + "\n")
+    assert resolve_format(str(batch), "auto") == "openai-batch"
+    assert resolve_format(str(plain), "auto") == "jsonl"
+    assert resolve_format(str(batch), "jsonl") == "jsonl"  # an explicit format wins

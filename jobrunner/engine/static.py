@@ -72,7 +72,7 @@ class StaticEngine(Engine):
         )
         new = out[:, width:].tolist()
         eos = self.loaded.eos_token_ids
-        results = [make_result(r, self._trim(r, toks), tok, eos) for r, toks in zip(batch, new)]
+        results = [make_result(r, self._trim(r, toks), tok, eos) for r, toks in zip(batch, new, strict=True)]
         self._account(batch, results, time.perf_counter() - t0)
         return results
 
@@ -127,6 +127,6 @@ class RowSampler:
         from jobrunner.engine.sampling import sample_row
 
         out = torch.full_like(scores, float("-inf"))
-        for i, (p, g) in enumerate(zip(self.params, self.gens)):
+        for i, (p, g) in enumerate(zip(self.params, self.gens, strict=True)):
             out[i, sample_row(scores[i].float(), p, g)] = 0.0
         return out

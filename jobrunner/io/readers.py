@@ -61,7 +61,26 @@ def detect_format(file: str, fmt: str) -> str:
     suffix = Path(file).suffix.lower()
     if suffix not in EXTENSIONS:
         raise InputDataError(f"{file}: cannot tell the format from {suffix!r}; set input.format")
-    return EXTENSIONS[suffix]
+    kind = EXTENSIONS[suffix]
+    return "openai-batch" if kind == "jsonl" and _looks_like_openai_batch(file) else kind
+
+
+def resolve_format(path: str, fmt: str) -> str:
+    """The job's input format, with `auto` resolved from the first input file."""
+    return fmt if fmt != "auto" else detect_format(input_files(path)[0], fmt)
+
+
+def _looks_like_openai_batch(file: str) -> bool:
+    """An OpenAI Batch API input file: its first line has custom_id, url and body."""
+    with open(file, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    first = json.loads(raw)
+                except ValueError:
+                    return False
+                return isinstance(first, dict) and {"custom_id", "body", "url"} <= first.keys()
+    return False
 
 
 def read_rows(path: str, fmt: str = "auto", batch_rows: int = 1024) -> Iterator[Item]:

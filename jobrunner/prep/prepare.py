@@ -39,8 +39,10 @@ def sampling_params(cfg: JobConfig) -> SamplingParams:
 def make_preparer(cfg: JobConfig, tokenizer: Any) -> Preparer:
     """The preparer for the job's input format (PREPARERS), else the column/template one."""
     import jobrunner.prep.openai  # noqa: F401  (registers openai-batch)
+    from jobrunner.io.readers import resolve_format
 
-    return PREPARERS.get(cfg.input.format, Preparer)(cfg, tokenizer)
+    fmt = resolve_format(cfg.input.path, cfg.input.format)
+    return PREPARERS.get(fmt, Preparer)(cfg, tokenizer)
 
 
 class Preparer:
@@ -69,7 +71,7 @@ class Preparer:
         todo = [k for k, o in enumerate(out) if isinstance(o, tuple)]
         texts = [out[k][2] for k in todo]
         encoded = self.tokenizer(texts, add_special_tokens=self.renderer.adds_special_tokens)["input_ids"] if texts else []
-        for k, ids in zip(todo, encoded):
+        for k, ids in zip(todo, encoded, strict=True):
             row_id, raw, text = out[k]
             out[k] = self._request(row_id, raw, text, list(ids))
         return out  # type: ignore[return-value]

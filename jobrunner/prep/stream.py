@@ -8,6 +8,7 @@ result fans out to them (`followers`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import queue
 import threading
@@ -105,10 +106,8 @@ class PrepStream:
             except queue.Full:
                 continue
         if item is _END:  # make room so the consumer always sees the end
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put_nowait(item)
-            except queue.Full:
-                pass
 
     def _fresh(self, prepared: Iterable[Request | RowError]) -> Iterator[Request]:
         for item in prepared:
