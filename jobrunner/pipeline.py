@@ -7,7 +7,6 @@ and whatever happens, finished rows are committed before we return or raise.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import time
@@ -19,6 +18,7 @@ from jobrunner.errors import InputDataError, Interrupted
 from jobrunner.io.committer import Committer
 from jobrunner.io.outputs import output_format
 from jobrunner.io.rundir import Manifest, RunDir
+from jobrunner.signals import raise_on_signal
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import hourly_rate
 from jobrunner.telemetry.progress import Progress
@@ -61,20 +61,11 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
         return _generate(cfg, rundir, manifest, skip_ids, total_rows)
 
 
-@contextlib.contextmanager
 def _stop_before_rows():
     """SIGTERM/SIGINT outside the engine loop (scan, model load, last commit): exit 75 at once;
     commits are atomic. _run_engine installs its graceful handler while rows are generated."""
-    def on_signal(signum, frame):
-        raise Interrupted(f"signal {signum}: stopped; committed rows are kept, run the same"
-                          " command again to continue")
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return raise_on_signal(lambda signum: Interrupted(
+        f"signal {signum}: stopped; committed rows are kept, run the same command again to continue"))
 
 
 def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],

@@ -14,14 +14,10 @@ Output path and input must be on a filesystem every node sees (NFS, EFS, Lustre,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +45,7 @@ from jobrunner.pipeline import (
     _summary,
 )
 from jobrunner.resume import check_same_job, open_run
+from jobrunner.signals import raise_on_signal
 from jobrunner.telemetry.device import cpu_count, detect_device
 from jobrunner.telemetry.report import write_reports
 
@@ -65,7 +62,7 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
         summary = _summary("nothing_to_do", rundir)
         _check_error_rate(cfg, summary)
         return summary
-    with _on_signal(_interrupted), open_run(rundir, cfg, opts) as (manifest, _skip, _total):
+    with raise_on_signal(_interrupted), open_run(rundir, cfg, opts) as (manifest, _skip, _total):
         return _run(cfg, rundir, manifest, opts)
 
 
@@ -149,7 +146,7 @@ def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag
                                "fault_marker": os.environ.get(FAULT_ENV)})
     rows = iter(ds.iter_rows())
     try:
-        with _on_signal(_stopped):
+        with raise_on_signal(_stopped):
             for row in rows:
                 _land(rundir, manifest, tag, json.loads(row["meta"]), metas, plan.rows)
     except _Stopped:
@@ -200,23 +197,6 @@ def _stopped(signum: int) -> Exception:
 def _interrupted(signum: int) -> Exception:
     return Interrupted(f"signal {signum}: stopped; committed rows are kept, run the same"
                        " command again to continue")
-
-
-@contextlib.contextmanager
-def _on_signal(make_error) -> Iterator[None]:
-    """SIGTERM/SIGINT raise make_error(signum) in the main thread (commits are atomic)."""
-    def on_signal(signum, frame):
-        raise make_error(signum)
-
-    if threading.current_thread() is not threading.main_thread():  # handlers need the main one
-        yield
-        return
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 # ----------------------------------------------------------------- the record
