@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from jobrunner.engine.paged.attention import AttentionMetadata, paged_attention
 
@@ -44,6 +46,8 @@ class PagedCausalLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
         self.cos, self.sin = self._rope_table(hf_model, max_model_len)  # (max_len, hd)
+        self.qkv = [_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
+        self.gate_up = [_fuse([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
 
     @staticmethod
     def _rope_table(hf_model: Any, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,21 +69,60 @@ class PagedCausalLM:
         cos = self.cos[positions].unsqueeze(1)  # (T, 1, hd)
         sin = self.sin[positions].unsqueeze(1)
         h = self.hf.model.embed_tokens(input_ids)  # (T, D)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            h = h + self._attention(layer, h, cos, sin, meta, k_cache, v_cache)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            h = h + self._attention(i, layer, h, cos, sin, meta, k_cache, v_cache)
+            h = h + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h))
         h = self.hf.model.norm(h[logits_rows])  # (R, D)
         return self.hf.lm_head(h).float()
 
-    def _attention(self, layer, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
+    def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
+        parts = _apply(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], x)
+        if parts is None:
+            return mlp(x)
+        return mlp.down_proj(mlp.act_fn(parts[0]) * parts[1])
+
+    def _attention(self, i, layer, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
         attn, T = layer.self_attn, h.shape[0]
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(T, self.num_heads, self.head_dim)  # (T, nh, hd)
-        k = attn.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, nkv, hd)
-        v = attn.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        mods = [attn.q_proj, attn.k_proj, attn.v_proj]
+        q, k, v = _apply(self.qkv[i], mods, x) or [m(x) for m in mods]
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, nh, hd)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, nkv, hd)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh * hd)
         return attn.o_proj(o)
+
+
+Fused = tuple[tuple[nn.Module, ...], torch.Tensor, torch.Tensor | None, list[int]]
+
+
+def _fuse(mods: list[nn.Module]) -> Fused | None:
+    """One weight for several plain `nn.Linear`s reading the same input (q/k/v, gate/up): the
+    modules' weights become views into it, so no memory is added. None when any module is not
+    a plain Linear (e.g. swapped by a quantizer) or only some have a bias."""
+    if not all(type(m) is nn.Linear for m in mods):
+        return None
+    biases = [m.bias for m in mods]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    sizes = [m.out_features for m in mods]
+    with torch.no_grad():
+        weight = torch.cat([m.weight for m in mods])
+        bias = None if biases[0] is None else torch.cat(biases)
+        for m, w in zip(mods, weight.split(sizes), strict=True):
+            m.weight = nn.Parameter(w, requires_grad=False)
+        if bias is not None:
+            for m, b in zip(mods, bias.split(sizes), strict=True):
+                m.bias = nn.Parameter(b, requires_grad=False)
+    return tuple(mods), weight, bias, sizes
+
+
+def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor):
+    """The fused projection split per module, or None when the modules changed since fusing."""
+    if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
+        return None
+    return F.linear(x, fused[1], fused[2]).split(fused[3], dim=-1)
