@@ -101,6 +101,7 @@ def _decode(q, k_cache, v_cache, g: DecodeGroup, scale: float) -> torch.Tensor:
     qg = q.view(b, nkv, nh // nkv, hd)  # (b, nkv, group, hd): query heads of one KV head
     kg = _gather(k_cache, g.block_tables)  # (b, nkv, L, hd)
     vg = _gather(v_cache, g.block_tables)
+    g.mask = _additive(g.mask, q.dtype)
     o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
     return o.reshape(b, nh, hd)
 
@@ -113,6 +114,7 @@ def _prefill(q, k, v, k_cache, v_cache, p: PrefillChunk, scale: float) -> torch.
     else:
         kp = _gather(k_cache, p.block_ids)[:, : p.context_len]  # (nkv, L, hd)
         vp = _gather(v_cache, p.block_ids)[:, : p.context_len]
+    p.mask = _additive(p.mask, q.dtype)
     o = F.scaled_dot_product_attention(
         qp,
         kp.unsqueeze(0),
@@ -123,3 +125,11 @@ def _prefill(q, k, v, k_cache, v_cache, p: PrefillChunk, scale: float) -> torch.
         enable_gqa=True,
     )  # (1, nh, n, hd)
     return o[0].transpose(0, 1)
+
+
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask as the 0 / -inf float mask SDPA would build from it, built once per step
+    (the metadata keeps it) instead of once per layer."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros_like(mask, dtype=dtype).masked_fill_(mask.logical_not(), float("-inf"))

@@ -76,23 +76,33 @@ class PagedCausalLM:
         return self.hf.lm_head(h).float()
 
     def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
-        parts = _apply(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], x)
-        if parts is None:
+        fused = _apply(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], x)
+        if fused is None:
             return mlp(x)
+        parts = fused.split(self.gate_up[i][3], dim=-1)
         return mlp.down_proj(mlp.act_fn(parts[0]) * parts[1])
 
     def _attention(self, i, layer, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
         attn, T = layer.self_attn, h.shape[0]
         x = layer.input_layernorm(h)
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
-        q, k, v = _apply(self.qkv[i], mods, x) or [m(x) for m in mods]
-        q = q.view(T, self.num_heads, self.head_dim)  # (T, nh, hd)
-        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, nkv, hd)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        fused = _apply(self.qkv[i], mods, x)  # (T, (nh + 2 nkv) hd) or None
+        if fused is not None and not hasattr(attn, "q_norm"):
+            qkv = fused.view(T, nh + 2 * nkv, hd)
+            qk = qkv[:, : nh + nkv]  # q and k rotated in one pass
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk.split((nh, nkv), dim=1)
+            v = qkv[:, nh + nkv :]
+        else:
+            parts = [m(x) for m in mods] if fused is None else fused.split(self.qkv[i][3], -1)
+            q = parts[0].view(T, nh, hd)  # (T, nh, hd)
+            k = parts[1].view(T, nkv, hd)  # (T, nkv, hd)
+            v = parts[2].view(T, nkv, hd)
+            if hasattr(attn, "q_norm"):  # Qwen3
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh * hd)
         return attn.o_proj(o)
 
@@ -122,7 +132,8 @@ def _fuse(mods: list[nn.Module]) -> Fused | None:
 
 
 def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor):
-    """The fused projection split per module, or None when the modules changed since fusing."""
+    """The fused projection (outputs side by side), or None when the modules changed since
+    fusing."""
     if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
         return None
-    return F.linear(x, fused[1], fused[2]).split(fused[3], dim=-1)
+    return F.linear(x, fused[1], fused[2])
