@@ -177,9 +177,9 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
         n = _config_params(where)
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2)
     if cfg.model.dtype == "auto" and detect_device().kind == "cpu":
-        from jobrunner.engine.loader import cpu_has_fast_bf16
+        from jobrunner.engine.loader import cpu_has_amx
 
-        dtype_bytes = 2 if cpu_has_fast_bf16() else 4
+        dtype_bytes = 2 if cpu_has_amx() else 4
     if cfg.model.quantization in ("int8", "fp8"):
         dtype_bytes = 1
     elif cfg.model.quantization == "int4":

@@ -85,23 +85,27 @@ def pick_device(name: str) -> Any:
 
 
 def pick_dtype(name: str, device: Any) -> Any:
-    """`auto`: bfloat16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
+    """`auto`: bfloat16 where the hardware runs it fast (CUDA, CPUs with AMX), else float32.
+
+    AVX512-BF16 alone is not enough: on such a CPU (no AMX) a bf16 matmul measured 174 GFLOP/s
+    against 318 in float32, so float32 is both faster and exact there.
+    """
     import torch
 
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    return torch.bfloat16 if cpu_has_amx() else torch.float32
 
 
 @lru_cache(maxsize=1)
-def cpu_has_fast_bf16() -> bool:
+def cpu_has_amx() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return "amx_bf16" in flags
 
 
 def _local_dir_or_gguf(cfg: ModelConfig) -> str:
