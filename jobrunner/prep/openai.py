@@ -87,17 +87,12 @@ class OpenAIPreparer(Preparer):
     # ------------------------------------------------------------------ per line
 
     def _parse(self, item) -> RowError | tuple[str, Any, Line]:
-        if isinstance(item, RowError):
-            return item
-        row_id = self.row_id(item)
-        if isinstance(row_id, RowError):
-            return row_id
-        try:
-            line = parse_line(item.values, self.sampling, self.renderer.chat)
-        except RenderError as e:
-            return RowError(e.code, f"{item.source}: {e}", item.source, row_id, e.field)
-        self._warn_once(item, line)
-        return row_id, item, line
+        return self._per_row(item, self._parse_line)
+
+    def _parse_line(self, raw) -> Line:
+        line = parse_line(raw.values, self.sampling, self.renderer.chat)
+        self._warn_once(raw, line)
+        return line
 
     def _line_request(self, row_id: str, raw, line: Line) -> Request | RowError:
         vocab = len(self.tokenizer)

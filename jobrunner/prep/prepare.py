@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from jobrunner.config import JobConfig
@@ -79,13 +79,18 @@ class Preparer:
     # ------------------------------------------------------------------ per row
 
     def _render(self, item: Item) -> RowError | tuple[str, RawRow, str]:
+        return self._per_row(item, lambda raw: self.renderer.render(raw.values))
+
+    def _per_row(self, item: Item, render: Callable[[RawRow], Any]) -> RowError | tuple[str, RawRow, Any]:
+        """(id, row, render(row)), or the RowError that stopped the row: a parse error, a bad id,
+        or a RenderError (named by row and field)."""
         if isinstance(item, RowError):
             return item
         row_id = self.row_id(item)
         if isinstance(row_id, RowError):
             return row_id
         try:
-            return row_id, item, self.renderer.render(item.values)
+            return row_id, item, render(item)
         except RenderError as e:
             return RowError(e.code, f"{item.source}: {e}", item.source, row_id, e.field)
 
