@@ -225,7 +225,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="16 rows, fewer baselines")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--workloads", default="abc")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto: what the engine picks on this machine")
     p.add_argument("--max-prompt-tokens", type=int, default=2700, help="--quick: 600")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=256)
