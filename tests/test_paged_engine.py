@@ -117,6 +117,24 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
     assert len(log) == engine.stats.steps and {"t", "kv_blocks_used"} <= set(log[0])
 
 
+def test_greedy_matches_hf_on_the_torch_path_without_native_kernels(
+    loaded, prompts, reference, monkeypatch
+):
+    from jobrunner.engine.paged import cpu_kernels
+
+    monkeypatch.setenv("JOBRUNNER_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    try:
+        engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
+        assert not engine.runner.decode_kernel and not engine.model.rope_kernel
+        rows = list(range(0, 32, 3))
+        results = run(engine, requests([prompts[i] for i in rows]))
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load.cache_clear()
+    assert_matches({str(rows[int(k)]): v for k, v in results.items()}, reference, rows)
+
+
 def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
     rows = list(range(10, 32, 2))  # the longer prompts
     engine = make_engine(loaded, 400 * 46080)  # ~400 tokens of KV for 11 rows

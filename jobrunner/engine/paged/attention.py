@@ -1,8 +1,10 @@
 """Paged attention over a flat slot-indexed KV cache, for batches mixing prefill and decode.
 
 Token rows of a step are laid out as [decode rows, sorted by context length][prefill chunks].
-Decode rows are attended in a few groups, each padded to its longest context, with the query
-heads of one KV head folded into the query axis (GQA without copying K/V). A prefill chunk
+On CPU, decode rows are attended in place in the paged cache by a native kernel
+(engine/paged/cpu_kernels.py): one group, no padding, no gather. Elsewhere they are attended in
+a few groups, each gathered and padded to its longest context, with the query heads of one KV
+head folded into the query axis (GQA without copying K/V). A prefill chunk
 starting at position 0 attends to its own fresh K/V (causal); a later chunk, or one after a
 prefix-cache hit, gathers its whole context from the cache and uses an offset causal mask.
 
@@ -16,13 +18,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from jobrunner.engine.paged import cpu_kernels
+
 
 @dataclass
 class DecodeGroup:
     start: int  # first token row
     end: int
     block_tables: torch.Tensor  # (b, nb) block ids of each row's context (padding -> block 0)
-    mask: torch.Tensor | None  # (b, 1, 1, nb * bs) True where the position is real
+    context_lens: torch.Tensor  # (b,) positions each row attends to
+    mask: torch.Tensor | None  # (b, 1, 1, nb * bs) True where the position is real; None: kernel
 
 
 @dataclass
@@ -96,6 +101,8 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _decode(q, k_cache, v_cache, g: DecodeGroup, scale: float) -> torch.Tensor:
+    if g.mask is None:  # the runner checked cpu_kernels.supports(cache)
+        return cpu_kernels.paged_decode(q, k_cache, v_cache, g.block_tables, g.context_lens, scale)
     b, nh, hd = q.shape
     nkv = k_cache.shape[0]
     qg = q.view(b, nkv, nh // nkv, hd)  # (b, nkv, group, hd): query heads of one KV head

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from jobrunner.engine.paged import cpu_kernels
 from jobrunner.engine.paged.attention import (
     AttentionMetadata,
     DecodeGroup,
@@ -33,6 +34,7 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
+        self.decode_kernel = cpu_kernels.supports(kv.layers[0][0])  # else gather + SDPA
 
     def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[bool]]:
         """Token per batch row (None where the row is mid-prompt) and whether its logits were
@@ -93,14 +95,20 @@ class ModelRunner:
     def _decode_groups(self, batch: ScheduledBatch, rows: list[int]) -> list[DecodeGroup]:
         bs = self.kv.block_size
         lens = [batch.start_positions[i] + 1 for i in rows]
+        if not rows:
+            return []
+        spans = [(0, len(rows))] if self.decode_kernel else group_by_length(lens)
         groups = []
-        for a, b in group_by_length(lens):
+        for a, b in spans:
             nb = -(-lens[b - 1] // bs)  # rows are sorted: the last is the longest
             tables = [batch.seqs[i].block_table[:nb] for i in rows[a:b]]
             tables = self._tensor([t + [0] * (nb - len(t)) for t in tables])  # (b, nb)
             ctx = self._tensor(lens[a:b])  # (b,)
-            mask = torch.arange(nb * bs, device=self.device)[None] < ctx[:, None]  # (b, L)
-            groups.append(DecodeGroup(a, b, tables, mask[:, None, None, :]))
+            mask = None
+            if not self.decode_kernel:
+                mask = torch.arange(nb * bs, device=self.device)[None] < ctx[:, None]  # (b, L)
+                mask = mask[:, None, None, :]
+            groups.append(DecodeGroup(a, b, tables, ctx, mask))
         return groups
 
     def _prefill_chunks(

@@ -1,0 +1,151 @@
+"""Native CPU kernels (csrc/*.c), compiled with the system C compiler at first use.
+
+Plain C through ctypes: no torch headers, so a build takes about a second, not a minute. Built
+with -fopenmp and loaded after torch, a kernel binds to the libgomp.so.1 torch already loaded and
+runs on torch's thread pool (no second pool fighting it for the cores). The
+shared object is cached under ~/.cache/jobrunner/kernels (JOBRUNNER_CACHE_DIR/kernels), keyed
+by the source, the compiler and this CPU's flags (`-march=native` code must not run on another
+CPU). Without a compiler, or with JOBRUNNER_CPU_KERNELS=0, `load()` returns None and callers use
+their torch path; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JOBRUNNER_CACHE_DIR") or Path.home() / ".cache" / "jobrunner"
+    return Path(root) / "kernels"
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    if os.environ.get("JOBRUNNER_CPU_KERNELS", "1") == "0":
+        log.info("CPU kernels off (JOBRUNNER_CPU_KERNELS=0): decode attention gathers with torch")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build()))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        log.info("CPU kernels unavailable (%s): decode attention gathers with torch", exc)
+        return None
+    lib.paged_decode.restype = ctypes.c_int
+    lib.paged_decode.argtypes = [_ptr, _ptr, _ptr, ctypes.c_int, _ptr, _i64, _ptr]
+    lib.paged_decode.argtypes += [_i64] * 6 + [ctypes.c_float, _ptr, ctypes.c_int]
+    lib.rope_inplace.restype = None
+    lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
+    return lib
+
+
+def _build() -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    code = b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(code + version.stdout.encode() + _cpu_flags()).hexdigest()
+    target = cache_dir() / f"jobrunner-cpu-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", *map(str, SOURCES)]
+    cmd += ["-o", tmp]
+    done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
+    return target
+
+
+def _cpu_flags() -> bytes:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.encode()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor().encode() + platform.machine().encode()
+
+
+def supports(cache: object) -> bool:
+    """Whether the decode kernel can read this layer cache in place."""
+    return (
+        isinstance(cache, torch.Tensor)
+        and cache.device.type == "cpu"
+        and cache.dtype in DTYPES
+        and cache.is_contiguous()
+        and load() is not None
+    )
+
+
+def paged_decode(
+    q: torch.Tensor,  # (b, nh, hd)
+    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (b, nb) int64
+    context_lens: torch.Tensor,  # (b,) int64
+    scale: float,
+) -> torch.Tensor:  # (b, nh, hd), q's dtype
+    lib = load()
+    b, nh, hd = q.shape
+    nkv, num_blocks, bs, _ = k_cache.shape
+    qf = q.to(torch.float32).contiguous()
+    out = torch.empty_like(qf)
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    rc = lib.paged_decode(
+        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), DTYPES[k_cache.dtype],
+        tables.data_ptr(), tables.shape[1], lens.data_ptr(),
+        b, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("paged_decode: out of memory for attention scores")
+    return out.to(q.dtype)
+
+
+def rope_supported(x: torch.Tensor, table: torch.Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and table.dtype == torch.float32
+        and x.stride(-1) == 1
+        and x.stride(-2) == x.shape[-1]
+        and load() is not None
+    )
+
+
+def rope_(
+    x: torch.Tensor,  # (T, H, hd) float32, heads contiguous within a row
+    cos: torch.Tensor,  # (max_len, hd) float32, contiguous
+    sin: torch.Tensor,
+    positions: torch.Tensor,  # (T,) int64
+) -> torch.Tensor:
+    """Rotates x in place (bit-identical to HF's rotate_half form) and returns it."""
+    T, H, hd = x.shape
+    pos = positions.to(torch.int64).contiguous()
+    load().rope_inplace(
+        x.data_ptr(), T, H, hd, x.stride(0), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return x

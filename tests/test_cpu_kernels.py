@@ -1,0 +1,96 @@
+"""The native CPU kernels against the torch code they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jobrunner.engine.paged import cpu_kernels
+from jobrunner.engine.paged.model import rotate_half
+
+needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler")
+
+
+def reference_decode(q, k_cache, v_cache, tables, lens, scale):
+    """Each row on its own: its context gathered block by block, plain softmax attention."""
+    nkv, _, bs, hd = k_cache.shape
+    out = []
+    for r in range(q.shape[0]):
+        L = int(lens[r])
+        blocks = tables[r, : -(-L // bs)]
+        k = k_cache[:, blocks].reshape(nkv, -1, hd)[:, :L].float()  # (nkv, L, hd)
+        v = v_cache[:, blocks].reshape(nkv, -1, hd)[:, :L].float()
+        qr = q[r].float().view(nkv, -1, hd)  # (nkv, group, hd)
+        w = torch.softmax(qr @ k.transpose(1, 2) * scale, dim=-1)
+        out.append((w @ v).reshape(-1, hd))
+    return torch.stack(out)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+def test_paged_decode_matches_gathered_attention(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    nkv, group, hd, bs, num_blocks = 3, 3, 64, 16, 160
+    lens = torch.tensor([1, 5, 16, 17, 100, 333])  # a partial block, exact blocks, one token
+    nb = -(-int(lens.max()) // bs)
+    tables = torch.randperm(num_blocks, generator=g)[: len(lens) * nb].view(len(lens), nb)
+    k_cache = torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype)
+    v_cache = torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype)
+    q = torch.randn(len(lens), nkv * group, hd, generator=g).to(dtype)
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lens, hd**-0.5)
+    want = reference_decode(q, k_cache, v_cache, tables, lens, hd**-0.5)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@needs_kernels
+def test_paged_decode_single_token_context_returns_its_value():
+    k_cache = torch.randn(1, 4, 16, 8)
+    v_cache = torch.randn(1, 4, 16, 8)
+    q = torch.randn(1, 2, 8)
+    tables = torch.tensor([[2]])
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, torch.tensor([1]), 0.5)
+    assert torch.equal(got[0], v_cache[0, 2, 0].expand(2, 8))
+
+
+@needs_kernels
+def test_rope_is_bit_identical_to_rotate_half():
+    g = torch.Generator().manual_seed(1)
+    T, H, hd, max_len = 37, 12, 64, 512
+    cos = torch.randn(max_len, hd, generator=g)
+    sin = torch.randn(max_len, hd, generator=g)
+    positions = torch.randint(0, max_len, (T,), generator=g)
+    qkv = torch.randn(T, H + 3, hd, generator=g)  # the last 3 heads (V) must stay untouched
+    x = qkv[:, :H]
+    want = x * cos[positions, None] + rotate_half(x) * sin[positions, None]
+    v_before = qkv[:, H:].clone()
+    assert cpu_kernels.rope_supported(x, cos)
+    got = cpu_kernels.rope_(x, cos, sin, positions)
+    assert got.data_ptr() == x.data_ptr()
+    assert torch.equal(got, want)
+    assert torch.equal(qkv[:, H:], v_before)
+
+
+def test_kernels_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("JOBRUNNER_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is None
+        assert not cpu_kernels.supports(torch.zeros(1, 1, 1, 1))
+        assert not cpu_kernels.rope_supported(torch.zeros(1, 1, 2), torch.zeros(1, 2))
+    finally:
+        monkeypatch.delenv("JOBRUNNER_CPU_KERNELS")
+        cpu_kernels.load.cache_clear()
+
+
+def test_a_failed_build_falls_back_with_a_reason(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("JOBRUNNER_CACHE_DIR", str(tmp_path))
+    cpu_kernels.load.cache_clear()
+    try:
+        with caplog.at_level("INFO"):
+            assert cpu_kernels.load() is None
+        assert "CPU kernels unavailable" in caplog.text
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load.cache_clear()
