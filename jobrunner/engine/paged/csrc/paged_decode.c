@@ -75,7 +75,88 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+static void softmax_rows(float *scores, int64_t rows, int64_t L) {
+    for (int64_t j = 0; j < rows; j++) {
+        float *s = scores + j * L, m = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < L; t++) m = s[t] > m ? s[t] : m;
+        for (int64_t t = 0; t < L; t++) {
+            s[t] = exp_neg(s[t] - m);
+            sum += s[t];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t t = 0; t < L; t++) s[t] *= inv;
+    }
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+static inline __m512 load16(const void *base, int dtype, int64_t offset) {
+    if (dtype == F32) return _mm512_loadu_ps((const float *)base + offset);
+    const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + offset));
+    if (dtype == BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    return _mm512_cvtph_ps(half);
+}
+
+/* One (row, kv head) with G query heads and head_dim 16 * C, the q and output accumulators held
+ * in registers; G and C are constants at each call site, so the loops unroll. */
+static inline __attribute__((always_inline)) void item_avx512(const Job *J, int64_t r, int64_t h,
+                                                              float *scores, const int G,
+                                                              const int C) {
+    const int64_t hd = 16 * C, L = J->ctx_lens[r], bs = J->bs;
+    const float *q = J->q + (r * J->nh + h * G) * hd;
+    float *o = J->out + (r * J->nh + h * G) * hd;
+    const int64_t *table = J->tables + r * J->table_stride;
+    const int64_t head_base = h * J->num_blocks * bs * hd;
+    __m512 acc[G][C];
+    for (int j = 0; j < G; j++)
+        for (int c = 0; c < C; c++) acc[j][c] = _mm512_loadu_ps(q + j * hd + 16 * c);
+    for (int64_t t = 0; t < L; t++) {
+        const int64_t off = head_base + (table[t / bs] * bs + t % bs) * hd;
+        __m512 k[C];
+        for (int c = 0; c < C; c++) k[c] = load16(J->k, J->dtype, off + 16 * c);
+        for (int j = 0; j < G; j++) {
+            __m512 d = _mm512_mul_ps(acc[j][0], k[0]);
+            for (int c = 1; c < C; c++) d = _mm512_fmadd_ps(acc[j][c], k[c], d);
+            scores[j * L + t] = _mm512_reduce_add_ps(d) * J->scale;
+        }
+    }
+    softmax_rows(scores, G, L);
+    for (int j = 0; j < G; j++)
+        for (int c = 0; c < C; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < L; t++) {
+        const int64_t off = head_base + (table[t / bs] * bs + t % bs) * hd;
+        __m512 v[C];
+        for (int c = 0; c < C; c++) v[c] = load16(J->v, J->dtype, off + 16 * c);
+        for (int j = 0; j < G; j++) {
+            const __m512 p = _mm512_set1_ps(scores[j * L + t]);
+            for (int c = 0; c < C; c++) acc[j][c] = _mm512_fmadd_ps(p, v[c], acc[j][c]);
+        }
+    }
+    for (int j = 0; j < G; j++)
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + j * hd + 16 * c, acc[j][c]);
+}
+
+#define ITEM_CASE(G, C) \
+    case (G) * 16 + (C): item_avx512(J, r, h, scores, G, C); return 1;
+
+/* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
+static int item_fast(const Job *J, int64_t r, int64_t h, float *scores) {
+    const int64_t g = J->nh / J->nkv;
+    switch (g * 16 + J->hd / 16 * (J->hd % 16 == 0)) {
+        ITEM_CASE(1, 4) ITEM_CASE(2, 4) ITEM_CASE(3, 4) ITEM_CASE(4, 4)
+        ITEM_CASE(5, 4) ITEM_CASE(6, 4) ITEM_CASE(7, 4) ITEM_CASE(8, 4)
+        ITEM_CASE(1, 8) ITEM_CASE(2, 8) ITEM_CASE(3, 8) ITEM_CASE(4, 8)
+        ITEM_CASE(5, 8) ITEM_CASE(6, 8) ITEM_CASE(7, 8) ITEM_CASE(8, 8)
+    }
+    return 0;
+}
+#else
+static int item_fast(const Job *J, int64_t r, int64_t h, float *scores) { return 0; }
+#endif
+
 static void one_item(const Job *J, int64_t item, float *scores, float *row) {
+    if (item_fast(J, item / J->nkv, item % J->nkv, scores)) return;
     const int64_t r = item / J->nkv, h = item % J->nkv;
     const int64_t g = J->nh / J->nkv, hd = J->hd, L = J->ctx_lens[r];
     const float *q = J->q + (r * J->nh + h * g) * hd;   /* g query heads, contiguous */
@@ -87,17 +168,8 @@ static void one_item(const Job *J, int64_t item, float *scores, float *row) {
         const float *kt = load_row(J->k, J->dtype, off, hd, row);
         for (int64_t j = 0; j < g; j++) scores[j * L + t] = dot(q + j * hd, kt, hd) * J->scale;
     }
-    for (int64_t j = 0; j < g; j++) {
-        float *s = scores + j * L, m = -INFINITY, sum = 0.0f;
-        for (int64_t t = 0; t < L; t++) m = s[t] > m ? s[t] : m;
-        for (int64_t t = 0; t < L; t++) {
-            s[t] = exp_neg(s[t] - m);
-            sum += s[t];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t t = 0; t < L; t++) s[t] *= inv;
-        memset(o + j * hd, 0, hd * sizeof(float));
-    }
+    softmax_rows(scores, g, L);
+    memset(o, 0, g * hd * sizeof(float));
     for (int64_t t = 0; t < L; t++) {
         const int64_t off = head_base + (table[t / J->bs] * J->bs + t % J->bs) * hd;
         const float *vt = load_row(J->v, J->dtype, off, hd, row);
