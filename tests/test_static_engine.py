@@ -54,3 +54,20 @@ def test_sampling_is_per_row_reproducible_whatever_the_batch(model_f32):
                 Request("z", ids[2], sp, seq_seed=9)]
     got = {r.id: r for r in StaticEngine(model_f32, JobConfig()).generate(together)}
     assert got["x"].token_ids == alone.token_ids
+
+
+def test_dequantized_gguf_cache_is_a_plain_hf_checkpoint(model_f32):
+    """Other tools (vLLM, plain transformers) read the cache: the tied head is stored the HF way,
+    as the input embeddings, and the directory loads without jobrunner to the same logits."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    path = f"{model_f32.weights_dir}/model.safetensors"
+    with safe_open(path, "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    plain = AutoModelForCausalLM.from_pretrained(model_f32.weights_dir, dtype=torch.float32)
+    ids = torch.tensor([[1, 4093, 314, 260, 3575, 282, 4649, 47]])
+    with torch.inference_mode():
+        assert torch.equal(plain(ids).logits, model_f32.model(ids).logits)

@@ -138,9 +138,25 @@ def _ensure_dense(src: ModelSource) -> str:
     return _dequantize_gguf(src, target)
 
 
+def _save_weights(model, path: Path) -> None:
+    """One safetensors file in the HF layout: a tied LM head is not stored; its weight is saved
+    once, under the input embeddings' name, as every HF checkpoint does (tools that read the
+    file without transformers, vLLM among them, look for the embeddings there)."""
+    from safetensors.torch import save_file
+
+    emb = model.get_input_embeddings()
+    keep = next(f"{name}.weight" for name, m in model.named_modules() if m is emb)
+    ptr = emb.weight.data_ptr()
+    state = {
+        name: t.contiguous()
+        for name, t in model.state_dict().items()
+        if t.data_ptr() != ptr or name == keep  # drops the tied head
+    }
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
 def _dequantize_gguf(src: ModelSource, target: Path) -> str:
     import torch
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("dequantizing %s once into %s (later runs load the cache)", src.gguf_path, target)
@@ -154,7 +170,7 @@ def _dequantize_gguf(src: ModelSource, target: Path) -> str:
         del config.quantization_config
     config.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
-    save_model(model, str(tmp / "model.safetensors"))  # handles the tied embeddings
+    _save_weights(model, tmp / "model.safetensors")
     tok.save_pretrained(tmp)
     if not target.exists():
         tmp.rename(target)

@@ -97,5 +97,8 @@ def file_digest(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()[:20]
 
 
+GGUF_CACHE_FORMAT = 2  # 2: a tied LM head is stored as the input embeddings (the HF layout)
+
+
 def gguf_cache_path(src: ModelSource) -> Path:
-    return cache_dir() / "gguf" / file_digest(src.gguf_path)
+    return cache_dir() / "gguf" / f"{file_digest(src.gguf_path)}-v{GGUF_CACHE_FORMAT}"

@@ -75,6 +75,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "time": {"wall_seconds": wall, "engine_seconds": engine, "forward_seconds": forward,
                  "load_seconds": sum(r.get("load_seconds", 0.0) for r in runs),
                  "engine_busy_fraction": forward / wall if wall else None,
+                 "busy_fraction_after_load": _after_load(forward, wall, runs),
                  "forward_fraction_of_engine": forward / engine if engine else None,
                  "breakdown": time_breakdown(runs, steps)},
         "throughput": {"completion_tokens_per_second": t["completion_tokens"] / wall if wall else None,
@@ -96,6 +97,12 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
     }
     report["estimate"] = compare_estimate(rundir.path / ESTIMATE_FILE, report)
     return report
+
+
+def _after_load(forward: float, wall: float, runs: list[dict]) -> float | None:
+    """Forward-pass share of the wall time once the weights are loaded."""
+    rest = wall - sum(r.get("load_seconds", 0.0) for r in runs)
+    return forward / rest if rest > 0 else None
 
 
 def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:

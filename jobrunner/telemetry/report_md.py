@@ -44,6 +44,7 @@ def summary_table(r: dict[str, Any]) -> list[str]:
         f"| completion tokens | {tok['completion']:,} |",
         f"| wall / engine / forward seconds | {fmt(tm['wall_seconds'], '.1f')} /"
         f" {fmt(tm['engine_seconds'], '.1f')} / {fmt(tm['forward_seconds'], '.1f')} |",
+        f"| in forward passes, after model load | {fmt(tm.get('busy_fraction_after_load'), '.0%')} |",
         f"| completion tokens/s | {fmt(r['throughput']['completion_tokens_per_second'], ',.1f')} |",
         f"| device-hours | {fmt(d['device_hours'], '.4f')} |",
         f"| cost | {usd(c['cost_usd'])} at {usd(c['usd_per_hour'], '.3f')}/h ({c['price_source']}) |",
