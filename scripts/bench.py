@@ -134,6 +134,12 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
 
 
 def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object]:
+    tokens, seconds, stats, _ = run_engine_outputs(kind, loaded, reqs, **engine)
+    return tokens, seconds, stats
+
+
+def run_engine_outputs(kind: str, loaded, reqs, **engine) -> tuple[int, float, object, list]:
+    """Also each row's generated token ids, in request order."""
     import jobrunner.engine.paged  # noqa: F401  (registers)
     from jobrunner.engine.base import ENGINES
 
@@ -142,8 +148,10 @@ def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object]:
         setattr(cfg.engine, k, v)
     eng = ENGINES[kind](loaded, cfg)
     t0 = time.perf_counter()
-    tokens = sum(r.usage.completion_tokens for r in eng.generate(order_requests(reqs, 4096)))
-    return tokens, time.perf_counter() - t0, eng.stats
+    results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
+    seconds = time.perf_counter() - t0
+    tokens = sum(r.usage.completion_tokens for r in results.values())
+    return tokens, seconds, eng.stats, [results[r.id].token_ids for r in reqs]
 
 
 # ---------------------------------------------------------------- report
@@ -196,14 +204,15 @@ def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None
         if _has_static():
             tok, s, _ = run_engine("static", loaded, reqs)
             table.add(w, "jobrunner static", tok, s)
-        tok, s, st = run_engine("paged", loaded, reqs, **args.paged)
+        tok, s, st, ours = run_engine_outputs("paged", loaded, reqs, **args.paged)
         table.add(
             w, "jobrunner paged", tok, s, f"busy {st.busy_fraction:.0%}, preempt {st.preemptions}"
         )
         if args.vllm_python:
             work = {"prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
             got = run_vllm(loaded, args, work)
-            table.add(w, "vLLM-CPU", got["tokens"], got["seconds"], _startup(got))
+            note = f"{_startup(got)}; {_agreement(ours, got['first_tokens'])}"
+            table.add(w, f"vLLM-CPU ({args.vllm_dtype})", got["tokens"], got["seconds"], note)
 
 
 def bench_shared(loaded, args, table: Table) -> None:
@@ -235,7 +244,7 @@ def run_vllm(loaded, args, work: dict) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(work, f)
     cmd = [args.vllm_python, str(ROOT / "scripts/bench_vllm.py"), f.name]
-    cmd += ["--threads", str(args.threads), "--dtype", str(loaded.dtype).removeprefix("torch.")]
+    cmd += ["--threads", str(args.threads), "--dtype", args.vllm_dtype]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
     seconds = time.perf_counter() - t0
@@ -243,6 +252,13 @@ def run_vllm(loaded, args, work: dict) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"vLLM failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_seconds": seconds}
+
+
+def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
+    """How often vLLM's first tokens equal ours (ours equal HF generate in float32)."""
+    n = len(theirs[0]) if theirs else 0
+    same = sum(a[:n] == b[: len(a[:n])] for a, b in zip(ours, theirs, strict=True))
+    return f"first {n} tokens equal ours on {same}/{len(theirs)} rows"
 
 
 def _startup(got: dict) -> str:
@@ -296,13 +312,16 @@ def bench_job(loaded, args, table: Table, baselines: dict[str, float]) -> None:
         hf_tokens = sum(json.loads(x)["completion_tokens"] for x in out.read_text().splitlines())
         hf_best = max(hf_best, table.add("d", f"HF job, batches of {bs}", hf_tokens, seconds))
     baselines["d"] = hf_best
-    table.add("d", "jobrunner run (whole process)", tokens, ours, f"{rows / ours:.2f} rows/s")
+    busy = report["time"]["busy_fraction_after_load"]
+    note = f"{rows / ours:.2f} rows/s, forward passes {busy:.0%} of wall after load"
+    table.add("d", "jobrunner run (whole process)", tokens, ours, note)
     if args.vllm_python:
         work = {"texts": texts, "ids": ids, "output": str(tmp / "vllm.jsonl")}
         work.update(max_new=max_new, ignore_eos=False)
         got = run_vllm(loaded, args, work)
         note = f"start-up {got['startup_seconds']:.0f} s included"
-        table.add("d", "vLLM-CPU (whole process)", got["tokens"], got["process_seconds"], note)
+        what = f"vLLM-CPU {args.vllm_dtype} (whole process)"
+        table.add("d", what, got["tokens"], got["process_seconds"], note)
 
 
 JOB_YAML = """\
@@ -336,6 +355,7 @@ def main() -> None:
         default=os.environ.get("JOBRUNNER_BENCH_VLLM_PYTHON"),
         help="the Python of a venv with vLLM (also $JOBRUNNER_BENCH_VLLM_PYTHON)",
     )
+    p.add_argument("--vllm-dtype", default=None, help="default: the dtype jobrunner runs in")
     p.add_argument("--dtype", default="auto", help="auto: what the engine picks on this machine")
     p.add_argument("--max-prompt-tokens", type=int, default=2700, help="--quick: 600")
     p.add_argument("--threads", type=int, default=2)
@@ -353,6 +373,7 @@ def main() -> None:
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))
+    args.vllm_dtype = args.vllm_dtype or str(loaded.dtype).removeprefix("torch.")
     table, baselines = Table(), {}
     bench_mixed(loaded, args, table, baselines)
     if "c" in args.workloads:

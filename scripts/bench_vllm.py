@@ -73,7 +73,9 @@ def main() -> None:
                 c = o.outputs[0]
                 line = {"id": row_id, "completion": c.text, "completion_tokens": len(c.token_ids)}
                 f.write(json.dumps(line) + "\n")
-    print(json.dumps({"tokens": tokens, "seconds": seconds, "startup_seconds": startup}))
+    first = [list(o.outputs[0].token_ids[:8]) for o in outs]  # bench.py compares with its own
+    line = {"tokens": tokens, "seconds": seconds, "startup_seconds": startup, "first_tokens": first}
+    print(json.dumps(line))
     sys.stdout.flush()
 
 
