@@ -144,12 +144,16 @@ def run_engine_outputs(kind: str, loaded, reqs, **engine) -> tuple[int, float, o
     from jobrunner.engine.base import ENGINES
 
     cfg = JobConfig()
+    cfg.model.max_model_len = 4096  # the longest prompts (2,700 tokens) plus 256 new ones
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
     eng = ENGINES[kind](loaded, cfg)
     t0 = time.perf_counter()
     results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
     seconds = time.perf_counter() - t0
+    failed = [f"{r.id}: {r.error}" for r in results.values() if r.error_code]
+    if failed:
+        raise SystemExit(f"{kind}: {len(failed)} rows failed, e.g. {failed[0]}")
     tokens = sum(r.usage.completion_tokens for r in results.values())
     return tokens, seconds, eng.stats, [results[r.id].token_ids for r in reqs]
 
@@ -251,7 +255,8 @@ def run_vllm(loaded, args, work: dict) -> dict:
     os.unlink(f.name)
     if done.returncode != 0:
         raise SystemExit(f"vLLM failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_seconds": seconds}
+    line = [x for x in done.stdout.splitlines() if x.startswith('{"tokens"')][-1]  # vLLM logs too
+    return {**json.loads(line), "process_seconds": seconds}
 
 
 def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
@@ -265,20 +270,26 @@ def _startup(got: dict) -> str:
     return f"start-up {got['startup_seconds']:.0f} s, not counted"
 
 
+TASKS = (
+    "Summarize this text.",
+    "List the three most important points in this text.",
+    "Explain this text to a beginner.",
+    "Write one question that this text answers, then answer it.",
+)
+
+
 def job_texts(tok, rows: int, max_tokens: int) -> list[str]:
-    """`rows` distinct user texts whose chat-rendered prompts stay within max_tokens: the sample
-    texts, then later windows of the same texts when there are fewer texts than rows."""
-    texts, out, offset = raw_texts(), [], 0
-    while len(out) < rows:
-        for t in texts:
-            window = t[offset:]
-            ids = tok(window, add_special_tokens=False)["input_ids"][: max_tokens - 40]
-            if len(ids) >= 8 and len(out) < rows:
-                out.append(tok.decode(ids))
-        offset += 600
-        if offset > max(map(len, texts)):
-            raise SystemExit(f"cannot make {rows} distinct rows from the sample texts")
-    return out
+    """`rows` distinct user texts whose chat-rendered prompts stay within max_tokens: each
+    sample text under each of a few instructions, shuffled (a job with several prompt kinds)."""
+    texts = []
+    for task in TASKS:
+        for t in raw_texts():
+            ids = tok(t, add_special_tokens=False)["input_ids"][: max_tokens - 60]
+            texts.append(f"{task}\n\n{tok.decode(ids)}")
+    if len(texts) < rows:
+        raise SystemExit(f"only {len(texts)} distinct rows from the sample texts; ask for fewer")
+    random.Random(0).shuffle(texts)
+    return texts[:rows]
 
 
 def bench_job(loaded, args, table: Table, baselines: dict[str, float]) -> None:
@@ -286,8 +297,11 @@ def bench_job(loaded, args, table: Table, baselines: dict[str, float]) -> None:
     import pyarrow.parquet as pq
 
     rows, max_new = args.job_rows, 64
-    texts = job_texts(loaded.tokenizer, rows, args.max_prompt_tokens)
-    print(f"workload d: a {rows}-row job, {max_new} new tokens, EOS honoured, start to exit")
+    texts = job_texts(loaded.tokenizer, rows, args.job_max_prompt_tokens)
+    print(
+        f"workload d: a {rows}-row job, prompts up to {args.job_max_prompt_tokens} tokens,"
+        f" {max_new} new tokens, EOS honoured, process start to exit"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="bench-job-"))
     ids = [f"row-{i:05d}" for i in range(rows)]
     pq.write_table(pa.table({"id": ids, "prompt": texts}), tmp / "in.parquet")
@@ -342,6 +356,10 @@ def _has_static() -> bool:
     return True
 
 
+def _sizes(text: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",")) if text else ()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -350,6 +368,9 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--workloads", default="abcd")
     p.add_argument("--job-rows", type=int, default=512, help="(d); --quick: 64")
+    p.add_argument("--job-max-prompt-tokens", type=int, default=None, help="(d); default as (a)")
+    p.add_argument("--hf-batch-sizes", default=None, help="default 16,32,64; --quick: 16,32")
+    p.add_argument("--job-batch-sizes", default=None, help="(d) HF job; default 16,32")
     p.add_argument(
         "--vllm-python",
         default=os.environ.get("JOBRUNNER_BENCH_VLLM_PYTHON"),
@@ -366,10 +387,11 @@ def main() -> None:
     args.max_prompt_tokens = (
         min(args.max_prompt_tokens, 600) if args.quick else args.max_prompt_tokens
     )
-    args.hf_batch_sizes = (16, 32) if args.quick else (16, 32, 64)
+    args.hf_batch_sizes = _sizes(args.hf_batch_sizes) or ((16, 32) if args.quick else (16, 32, 64))
     args.rows = 16 if args.quick else args.rows
     args.job_rows = min(args.job_rows, 64) if args.quick else args.job_rows
-    args.job_batch_sizes = (16,) if args.quick else (16, 32)
+    args.job_batch_sizes = _sizes(args.job_batch_sizes) or ((16,) if args.quick else (16, 32))
+    args.job_max_prompt_tokens = args.job_max_prompt_tokens or args.max_prompt_tokens
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))
