@@ -97,3 +97,19 @@ def test_a_failed_build_falls_back_with_a_reason(monkeypatch, tmp_path, caplog):
     finally:
         monkeypatch.undo()
         cpu_kernels.load.cache_clear()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight():
+    from jobrunner.engine.paged.model import SmallRowLinear
+
+    g = torch.Generator().manual_seed(2)
+    lin = SmallRowLinear()
+    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    for rows in (1, 7, SmallRowLinear.MAX_ROWS, SmallRowLinear.MAX_ROWS + 1):
+        x = torch.randn(rows, 64, generator=g)
+        torch.testing.assert_close(lin(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert len(lin.packed) == 1  # packed once, reused
+    w2 = torch.randn(96, 64, generator=g)  # a different weight never gets w's packing
+    x = torch.randn(4, 64, generator=g)
+    torch.testing.assert_close(lin(x, w2, None), torch.nn.functional.linear(x, w2))
