@@ -133,13 +133,8 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
     return len(row)
 
 
-def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object]:
-    tokens, seconds, stats, _ = run_engine_outputs(kind, loaded, reqs, **engine)
-    return tokens, seconds, stats
-
-
-def run_engine_outputs(kind: str, loaded, reqs, **engine) -> tuple[int, float, object, list]:
-    """Also each row's generated token ids, in request order."""
+def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object, list]:
+    """(generated tokens, seconds, engine stats, each row's token ids in request order)."""
     import jobrunner.engine.paged  # noqa: F401  (registers)
     from jobrunner.engine.base import ENGINES
 
@@ -206,9 +201,9 @@ def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None
         baselines[w] = best
         reqs = requests(prompts, max_new, ignore_eos)
         if _has_static():
-            tok, s, _ = run_engine("static", loaded, reqs)
+            tok, s, _, _ = run_engine("static", loaded, reqs)
             table.add(w, "jobrunner static", tok, s)
-        tok, s, st, ours = run_engine_outputs("paged", loaded, reqs, **args.paged)
+        tok, s, st, ours = run_engine("paged", loaded, reqs, **args.paged)
         table.add(
             w, "jobrunner paged", tok, s, f"busy {st.busy_fraction:.0%}, preempt {st.preemptions}"
         )
@@ -227,7 +222,7 @@ def bench_shared(loaded, args, table: Table) -> None:
     reqs = requests(prompts, 64, True)
     results = {}
     for caching in (False, True):
-        tok, s, st = run_engine("paged", loaded, reqs, prefix_caching=caching, **args.paged)
+        tok, s, st, _ = run_engine("paged", loaded, reqs, prefix_caching=caching, **args.paged)
         computed = st.prefill_tokens / max(1, sum(len(p) for p in prompts))
         results[caching] = table.add(
             "c",

@@ -67,7 +67,7 @@ def test_rope_is_bit_identical_to_rotate_half():
     x = qkv[:, :H]
     want = x * cos[positions, None] + rotate_half(x) * sin[positions, None]
     v_before = qkv[:, H:].clone()
-    assert cpu_kernels.rope_supported(x, cos)
+    assert cpu_kernels.rope_supported(x.dtype, x.device)
     got = cpu_kernels.rope_(x, cos, sin, positions)
     assert got.data_ptr() == x.data_ptr()
     assert torch.equal(got, want)
@@ -80,7 +80,7 @@ def test_kernels_can_be_switched_off(monkeypatch):
     try:
         assert cpu_kernels.load() is None
         assert not cpu_kernels.supports(torch.zeros(1, 1, 1, 1))
-        assert not cpu_kernels.rope_supported(torch.zeros(1, 1, 2), torch.zeros(1, 2))
+        assert not cpu_kernels.rope_supported(torch.float32, torch.device("cpu"))
     finally:
         monkeypatch.delenv("JOBRUNNER_CPU_KERNELS")
         cpu_kernels.load.cache_clear()
@@ -101,7 +101,7 @@ def test_a_failed_build_falls_back_with_a_reason(monkeypatch, tmp_path, caplog):
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
 def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight():
-    from jobrunner.engine.paged.model import SmallRowLinear
+    from jobrunner.engine.paged.small_linear import SmallRowLinear
 
     g = torch.Generator().manual_seed(2)
     lin = SmallRowLinear()

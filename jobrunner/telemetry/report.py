@@ -58,6 +58,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
     wall = sum(r.get("wall_seconds", 0.0) for r in runs)
     engine = sum(r.get("engine_seconds", 0.0) for r in runs)
     forward = sum(r.get("forward_seconds", 0.0) for r in runs)
+    load = sum(r.get("load_seconds", 0.0) for r in runs)
     last = runs[-1] if runs else {}
     device_hours = sum(r.get("wall_seconds", 0.0) * r.get("device_count", 1) for r in runs) / 3600
     tokens = t["prompt_tokens"] + t["completion_tokens"]
@@ -73,9 +74,9 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
                    "computed_prompt": t["prompt_tokens"] - t["cached_tokens"],
                    "completion": t["completion_tokens"], "total": tokens},
         "time": {"wall_seconds": wall, "engine_seconds": engine, "forward_seconds": forward,
-                 "load_seconds": sum(r.get("load_seconds", 0.0) for r in runs),
+                 "load_seconds": load,
                  "engine_busy_fraction": forward / wall if wall else None,
-                 "busy_fraction_after_load": _after_load(forward, wall, runs),
+                 "busy_fraction_after_load": forward / (wall - load) if wall > load else None,
                  "forward_fraction_of_engine": forward / engine if engine else None,
                  "breakdown": time_breakdown(runs, steps)},
         "throughput": {"completion_tokens_per_second": t["completion_tokens"] / wall if wall else None,
@@ -97,12 +98,6 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
     }
     report["estimate"] = compare_estimate(rundir.path / ESTIMATE_FILE, report)
     return report
-
-
-def _after_load(forward: float, wall: float, runs: list[dict]) -> float | None:
-    """Forward-pass share of the wall time once the weights are loaded."""
-    rest = wall - sum(r.get("load_seconds", 0.0) for r in runs)
-    return forward / rest if rest > 0 else None
 
 
 def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:

@@ -85,14 +85,17 @@ def _cpu_flags() -> bytes:
     return platform.processor().encode() + platform.machine().encode()
 
 
+def decode_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the decode kernel can read a plain KV cache of this dtype on this device."""
+    return device.type == "cpu" and dtype in DTYPES and load() is not None
+
+
 def supports(cache: object) -> bool:
     """Whether the decode kernel can read this layer cache in place."""
     return (
         isinstance(cache, torch.Tensor)
-        and cache.device.type == "cpu"
-        and cache.dtype in DTYPES
         and cache.is_contiguous()
-        and load() is not None
+        and decode_supported(cache.dtype, cache.device)
     )
 
 
@@ -121,15 +124,8 @@ def paged_decode(
     return out.to(q.dtype)
 
 
-def rope_supported(x: torch.Tensor, table: torch.Tensor) -> bool:
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and table.dtype == torch.float32
-        and x.stride(-1) == 1
-        and x.stride(-2) == x.shape[-1]
-        and load() is not None
-    )
+def rope_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    return device.type == "cpu" and dtype == torch.float32 and load() is not None
 
 
 def rope_(
@@ -140,6 +136,8 @@ def rope_(
 ) -> torch.Tensor:
     """Rotates x in place (bit-identical to HF's rotate_half form) and returns it."""
     T, H, hd = x.shape
+    if x.stride(-1) != 1 or x.stride(-2) != hd:
+        raise ValueError(f"rope_: heads must be contiguous within a row, strides {x.stride()}")
     pos = positions.to(torch.int64).contiguous()
     load().rope_inplace(
         x.data_ptr(), T, H, hd, x.stride(0), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(),

@@ -84,8 +84,7 @@ def allocate_kv_cache(
     else:
         from jobrunner.engine.paged import cpu_kernels
 
-        reads_padding = not cpu_kernels.supports(torch.empty(0, dtype=dtype, device=device))
-        new = torch.zeros if reads_padding else torch.empty
+        new = torch.empty if cpu_kernels.decode_supported(dtype, device) else torch.zeros
         layers = [
             (new(shape, dtype=dtype, device=device), new(shape, dtype=dtype, device=device))
             for _ in range(num_layers)

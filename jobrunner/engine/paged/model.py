@@ -15,6 +15,7 @@ from torch import nn
 
 from jobrunner.engine.paged import cpu_kernels
 from jobrunner.engine.paged.attention import AttentionMetadata, paged_attention
+from jobrunner.engine.paged.small_linear import SmallRowLinear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 CPU_MLP_TILE = 1024  # token rows per MLP pass on CPU: 4096-row passes run ~25% slower
@@ -69,7 +70,7 @@ class PagedCausalLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
         self.cos, self.sin = self._rope_table(hf_model, max_model_len)  # (max_len, hd)
-        self.rope_kernel = cpu_kernels.rope_supported(self.cos[:1, None], self.cos)
+        self.rope_kernel = cpu_kernels.rope_supported(self.cos.dtype, self.cos.device)
         self.qkv = [_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
         self.gate_up = [_fuse([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
         on_cpu = next(hf_model.parameters()).device.type == "cpu"
@@ -177,35 +178,3 @@ def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor, linear=F
         return None
     return linear(x, fused[1], fused[2])
 
-
-class SmallRowLinear:
-    """Linear layers for steps of few rows (decode) on CPU: oneDNN with weights prepacked once,
-    about 30% faster than MKL at 8 rows (bench: scripts/bench.py). Larger steps use F.linear.
-    Packed copies are made lazily, one per weight, and live as long as the model."""
-
-    MAX_ROWS = 32
-
-    def __init__(self) -> None:
-        self.packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(w) -> (w, packed)
-
-    @staticmethod
-    def usable(hf_model: Any) -> bool:
-        """float32 on CPU with oneDNN, and room for a second copy of the weights (4x spare)."""
-        import psutil
-
-        param = next(hf_model.parameters())
-        weights = sum(p.numel() * p.element_size() for p in hf_model.parameters())
-        return (
-            param.device.type == "cpu"
-            and param.dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
-            and 4 * weights < psutil.virtual_memory().available
-        )
-
-    def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if x.shape[0] > self.MAX_ROWS or x.dtype != torch.float32:
-            return F.linear(x, w, b)
-        entry = self.packed.get(id(w))
-        if entry is None or entry[0] is not w:
-            entry = self.packed[id(w)] = (w, torch.ops.mkldnn._reorder_linear_weight(w, None))
-        return torch.ops.mkldnn._linear_pointwise(x, entry[1], b, "none", [], "")

@@ -94,9 +94,9 @@ class ModelRunner:
 
     def _decode_groups(self, batch: ScheduledBatch, rows: list[int]) -> list[DecodeGroup]:
         bs = self.kv.block_size
-        lens = [batch.start_positions[i] + 1 for i in rows]
         if not rows:
             return []
+        lens = [batch.start_positions[i] + 1 for i in rows]
         spans = [(0, len(rows))] if self.decode_kernel else group_by_length(lens)
         groups = []
         for a, b in spans:
