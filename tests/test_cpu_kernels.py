@@ -31,11 +31,13 @@ def reference_decode(q, k_cache, v_cache, tables, lens, scale):
     "dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)]
 )
 @pytest.mark.parametrize("hd,group", [(64, 3), (128, 8), (40, 2)])  # AVX-512 paths and plain C
-def test_paged_decode_matches_gathered_attention(dtype, tol, hd, group):
+@pytest.mark.parametrize("bs", [16, 5])  # 16-token chunks that span blocks, or not
+def test_paged_decode_matches_gathered_attention(dtype, tol, hd, group, bs):
     g = torch.Generator().manual_seed(0)
-    nkv, bs, num_blocks = 3, 16, 160
+    nkv = 3
     lens = torch.tensor([1, 5, 16, 17, 100, 333])  # a partial block, exact blocks, one token
     nb = -(-int(lens.max()) // bs)
+    num_blocks = len(lens) * nb + 10
     tables = torch.randperm(num_blocks, generator=g)[: len(lens) * nb].view(len(lens), nb)
     k_cache = torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype)
     v_cache = torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype)
@@ -113,3 +115,45 @@ def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight():
     w2 = torch.randn(96, 64, generator=g)  # a different weight never gets w's packing
     x = torch.randn(4, 64, generator=g)
     torch.testing.assert_close(lin(x, w2, None), torch.nn.functional.linear(x, w2))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_write_kv_puts_strided_rows_into_their_slots(dtype):
+    """K and V sliced from a fused qkv projection (strided rows) land where index_copy_ puts
+    them, and nothing else in the cache changes."""
+    g = torch.Generator().manual_seed(3)
+    nh, nkv, hd, bs, num_blocks = 6, 2, 64, 4, 9
+    qkv = torch.randn(300, nh + 2 * nkv, hd, generator=g).to(dtype)
+    k, v = qkv[:, nh : nh + nkv], qkv[:, nh + nkv :]  # (T, nkv, hd), row stride (nh + 2 nkv) hd
+    slots = torch.randperm(num_blocks * bs, generator=g)[:7]
+    for rows in (slice(0, 7), slice(0, 300)):  # a decode step; a prefill (the parallel branch)
+        n = rows.stop
+        if n > slots.numel():
+            num_blocks = -(-n // bs)
+            slots = torch.randperm(num_blocks * bs, generator=g)[:n]
+        caches = [torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype) for _ in range(2)]
+        want = [c.clone() for c in caches]
+        for c, x in zip(want, (k[rows], v[rows]), strict=True):
+            c.view(nkv, -1, hd).index_copy_(1, slots, x.transpose(0, 1))
+        cpu_kernels.write_kv_(*caches, slots, k[rows], v[rows])
+        assert all(torch.equal(a, b) for a, b in zip(caches, want, strict=True))
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="no transparent huge pages")
+def test_kv_cache_asks_for_huge_pages_before_first_touch():
+    from jobrunner.engine.paged.kv_cache import HUGE_PAGE, advise_huge_pages
+
+    t = torch.empty(3 * HUGE_PAGE // 4)  # 6 MiB: at least two aligned 2 MiB pages inside
+    assert advise_huge_pages(t)
+    t.fill_(1.5)
+    assert bool((t == 1.5).all())
+    assert not advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page inside: nothing asked

@@ -44,6 +44,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    kernel_writes: bool = False  # the caches are plain CPU tensors the native kernels handle
 
 
 def group_by_length(
@@ -70,8 +71,11 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # (T, nh * hd)
-    _write(k_cache, meta.slot_mapping, k)
-    _write(v_cache, meta.slot_mapping, v)
+    if meta.kernel_writes:
+        cpu_kernels.write_kv_(k_cache, v_cache, meta.slot_mapping, k, v)
+    else:
+        _write(k_cache, meta.slot_mapping, k)
+        _write(v_cache, meta.slot_mapping, v)
     out = torch.empty_like(q)
     for g in meta.decode_groups:
         out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)

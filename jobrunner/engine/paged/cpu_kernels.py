@@ -45,6 +45,8 @@ def load() -> ctypes.CDLL | None:
     lib.paged_decode.restype = ctypes.c_int
     lib.paged_decode.argtypes = [_ptr, _ptr, _ptr, ctypes.c_int, _ptr, _i64, _ptr]
     lib.paged_decode.argtypes += [_i64] * 6 + [ctypes.c_float, _ptr, ctypes.c_int]
+    lib.kv_write.restype = None
+    lib.kv_write.argtypes = [_ptr] * 5 + [_i64] * 9 + [ctypes.c_int]
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
     return lib
@@ -122,6 +124,31 @@ def paged_decode(
     if rc != 0:
         raise MemoryError("paged_decode: out of memory for attention scores")
     return out.to(q.dtype)
+
+
+def write_kv_(
+    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd), contiguous
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # (T,) int64 flat slot (block * bs + offset) of each new token
+    k: torch.Tensor,  # (T, nkv, hd), the cache's dtype, head_dim contiguous
+    v: torch.Tensor,
+) -> None:
+    """Copies each token's K and V rows into its slot (index_copy_ takes ~130 us a layer for a
+    47-row decode step; this takes a few)."""
+    if (
+        k.dtype != k_cache.dtype
+        or v.dtype != v_cache.dtype
+        or k.stride(-1) != 1
+        or v.stride(-1) != 1
+    ):
+        raise ValueError("write_kv_: K/V rows must match the cache dtype with head_dim contiguous")
+    nkv, num_blocks, bs, hd = k_cache.shape
+    slots = slots.to(torch.int64).contiguous()
+    load().kv_write(
+        k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
+        k.shape[0], nkv, hd, num_blocks * bs, k.element_size(),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), torch.get_num_threads(),
+    )  # fmt: skip
 
 
 def rope_supported(dtype: torch.dtype, device: torch.device) -> bool:

@@ -78,7 +78,7 @@ class ModelRunner:
             if batch.samples(i):
                 logits_rows.append(len(ids) - 1)
                 sampling_rows.append(i)
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots))
+        meta = AttentionMetadata(self._tensor(slots), kernel_writes=self.decode_kernel)
         meta.decode_groups = self._decode_groups(batch, decode)
         meta.prefills = self._prefill_chunks(batch, prefill, first_row=len(decode))
         return StepInputs(

@@ -42,9 +42,12 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, samplers: list[RowSampler]) -> tuple[list[int], list[bool]]:
-    """Tokens for each row of logits (R, V), and whether the row's logits were finite."""
-    finite = torch.isfinite(logits).all(dim=-1).tolist()
-    tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done here, in one call
+    """Tokens for each row of logits (R, V), and whether the row's logits were usable: a NaN or
+    +inf anywhere in a row becomes its maximum, so checking the R maxima finds it (a -inf logit
+    only rules its token out). One pass over the logits instead of four."""
+    best, tokens = logits.max(dim=-1)  # greedy rows are done here: the first maximal index
+    finite = torch.isfinite(best).tolist()
+    tokens = tokens.tolist()
     for i, s in enumerate(samplers):
         if s.generator is not None and finite[i]:
             tokens[i] = s.sample(logits[i])

@@ -9,11 +9,13 @@ import torch.nn.functional as F
 
 
 class SmallRowLinear:
-    """Linear layers for steps of few rows (decode) on CPU: oneDNN with weights prepacked once,
-    about 30% faster than MKL at 8 rows, equal at 64 (microbenchmark). Larger steps: F.linear.
+    """Linear layers for steps of up to MAX_ROWS rows (decode, short prefill chunks) on CPU:
+    oneDNN with weights prepacked once. Against MKL's F.linear on SmolLM2's layer shapes (2
+    cores, float32): 1.44x at 8 rows, 1.36x at 32, 1.13x at 64, 1.05x at 256, and 0.98x at 1,024
+    rows, so larger steps keep F.linear.
     Packed copies are made lazily, one per weight, and live as long as the model."""
 
-    MAX_ROWS = 32
+    MAX_ROWS = 256
 
     def __init__(self) -> None:
         self.packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(w) -> (w, packed)

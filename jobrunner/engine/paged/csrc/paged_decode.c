@@ -98,47 +98,103 @@ static inline __m512 load16(const void *base, int dtype, int64_t offset) {
     return _mm512_cvtph_ps(half);
 }
 
-/* One (row, kv head) with G query heads and head_dim 16 * C, the q and output accumulators held
- * in registers; G and C are constants at each call site, so the loops unroll. */
+/* e^x for x <= 0, lane-wise (the scalar exp_neg's polynomial); lanes below -87 give ~1e-38. */
+static inline __m512 exp_neg16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* d[0..15] -> one vector whose lane t is the sum of d[t]'s lanes (a transpose-and-add tree:
+ * 45 shuffles and adds for 16 dot products instead of 16 full reductions). */
+static inline __m512 hsum16(__m512 d[16]) {
+    __m512 s[8], w[4];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]),
+                             _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* 128-bit lanes of x01: tokens 0-3 (sums over d's lanes 0-1, then 2-3), tokens 4-7 (same) */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* One (row, kv head) with G query heads and head_dim 16 * C, in one pass over the context:
+ * 16 tokens at a time, their scores for each head as one vector, an online softmax (running max
+ * and sum, the output rescaled when the max grows), K and V of a block read while in cache. */
 static inline __attribute__((always_inline)) void item_avx512(const Job *J, int64_t r, int64_t h,
-                                                              float *scores, const int G,
-                                                              const int C) {
+                                                              const int G, const int C) {
     const int64_t hd = 16 * C, L = J->ctx_lens[r], bs = J->bs;
     const float *q = J->q + (r * J->nh + h * G) * hd;
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * bs * hd;
-    __m512 acc[G][C];
-    for (int j = 0; j < G; j++)
-        for (int c = 0; c < C; c++) acc[j][c] = _mm512_loadu_ps(q + j * hd + 16 * c);
-    for (int64_t t = 0; t < L; t++) {
-        const int64_t off = head_base + (table[t / bs] * bs + t % bs) * hd;
-        __m512 k[C];
-        for (int c = 0; c < C; c++) k[c] = load16(J->k, J->dtype, off + 16 * c);
-        for (int j = 0; j < G; j++) {
-            __m512 d = _mm512_mul_ps(acc[j][0], k[0]);
-            for (int c = 1; c < C; c++) d = _mm512_fmadd_ps(acc[j][c], k[c], d);
-            scores[j * L + t] = _mm512_reduce_add_ps(d) * J->scale;
-        }
-    }
-    softmax_rows(scores, G, L);
-    for (int j = 0; j < G; j++)
+    const __m512 scale = _mm512_set1_ps(J->scale);
+    __m512 acc[G][C], sum[G];
+    float m[G];
+    float p[G][16] __attribute__((aligned(64)));
+    for (int j = 0; j < G; j++) {
+        m[j] = -INFINITY;
+        sum[j] = _mm512_setzero_ps();
         for (int c = 0; c < C; c++) acc[j][c] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < L; t++) {
-        const int64_t off = head_base + (table[t / bs] * bs + t % bs) * hd;
-        __m512 v[C];
-        for (int c = 0; c < C; c++) v[c] = load16(J->v, J->dtype, off + 16 * c);
+    }
+    for (int64_t t0 = 0; t0 < L; t0 += 16) {
+        const int64_t nt = L - t0 < 16 ? L - t0 : 16;
+        int64_t off[16];
+        for (int64_t tt = 0; tt < 16; tt++) {
+            const int64_t t = t0 + (tt < nt ? tt : 0);
+            off[tt] = head_base + (table[t / bs] * bs + t % bs) * hd;
+        }
+        const __mmask16 live = (__mmask16)((1u << nt) - 1u);
         for (int j = 0; j < G; j++) {
-            const __m512 p = _mm512_set1_ps(scores[j * L + t]);
-            for (int c = 0; c < C; c++) acc[j][c] = _mm512_fmadd_ps(p, v[c], acc[j][c]);
+            __m512 qj[C], d[16];
+            for (int c = 0; c < C; c++) qj[c] = _mm512_loadu_ps(q + j * hd + 16 * c);
+            for (int tt = 0; tt < 16; tt++) {
+                d[tt] = _mm512_mul_ps(qj[0], load16(J->k, J->dtype, off[tt]));
+                for (int c = 1; c < C; c++)
+                    d[tt] = _mm512_fmadd_ps(qj[c], load16(J->k, J->dtype, off[tt] + 16 * c), d[tt]);
+            }
+            const __m512 s = _mm512_mul_ps(hsum16(d), scale); /* lane tt: token t0 + tt */
+            const float m_new = fmaxf(m[j], _mm512_mask_reduce_max_ps(live, s));
+            const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+            const __m512 alpha = exp_neg16(_mm512_set1_ps(m[j] - m_new)); /* 1 when unchanged */
+            for (int c = 0; c < C; c++) acc[j][c] = _mm512_mul_ps(acc[j][c], alpha);
+            sum[j] = _mm512_fmadd_ps(sum[j], alpha, e);
+            m[j] = m_new;
+            _mm512_store_ps(p[j], e);
+        }
+        for (int64_t tt = 0; tt < nt; tt++) {
+            __m512 v[C];
+            for (int c = 0; c < C; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * c);
+            for (int j = 0; j < G; j++) {
+                const __m512 pj = _mm512_set1_ps(p[j][tt]);
+                for (int c = 0; c < C; c++) acc[j][c] = _mm512_fmadd_ps(pj, v[c], acc[j][c]);
+            }
         }
     }
-    for (int j = 0; j < G; j++)
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + j * hd + 16 * c, acc[j][c]);
+    for (int j = 0; j < G; j++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[j]));
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + j * hd + 16 * c, _mm512_mul_ps(acc[j][c], inv));
+    }
 }
 
 #define ITEM_CASE(G, C) \
-    case (G) * 16 + (C): item_avx512(J, r, h, scores, G, C); return 1;
+    case (G) * 16 + (C): item_avx512(J, r, h, G, C); return 1;
 
 /* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
 static int item_fast(const Job *J, int64_t r, int64_t h, float *scores) {
