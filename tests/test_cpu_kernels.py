@@ -139,21 +139,3 @@ def test_write_kv_puts_strided_rows_into_their_slots(dtype):
         cpu_kernels.write_kv_(*caches, slots, k[rows], v[rows])
         assert all(torch.equal(a, b) for a, b in zip(caches, want, strict=True))
 
-
-def _thp_mode() -> str | None:
-    try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
-    except OSError:
-        return None
-    return text[text.index("[") + 1 : text.index("]")]
-
-
-@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="no transparent huge pages")
-def test_kv_cache_asks_for_huge_pages_before_first_touch():
-    from jobrunner.engine.paged.kv_cache import HUGE_PAGE, advise_huge_pages
-
-    t = torch.empty(3 * HUGE_PAGE // 4)  # 6 MiB: at least two aligned 2 MiB pages inside
-    assert advise_huge_pages(t)
-    t.fill_(1.5)
-    assert bool((t == 1.5).all())
-    assert not advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page inside: nothing asked

@@ -3,7 +3,6 @@
 Sized from `engine.kv_cache_bytes` when given, else from free memory x `memory_fraction`
 (on CPU half of that, at most CPU_MAX_BYTES, and no more than max_num_seqs full-length
 sequences could ever use).
-On Linux the host cache is backed by 2 MiB pages where the kernel allows it (advise_huge_pages).
 The cache is zeroed where decode attention gathers padded groups (masked padding positions must
 hold finite values: 0 x NaN is NaN). Where the CPU decode kernel reads only real positions it
 is left uninitialised, so start-up does not spend seconds writing zeros to gigabytes.
@@ -85,9 +84,9 @@ def allocate_kv_cache(
     else:
         from jobrunner.engine.paged import cpu_kernels
 
-        zero = not cpu_kernels.decode_supported(dtype, device)
+        new = torch.empty if cpu_kernels.decode_supported(dtype, device) else torch.zeros
         layers = [
-            (_new(shape, dtype, device, zero), _new(shape, dtype, device, zero))
+            (new(shape, dtype=dtype, device=device), new(shape, dtype=dtype, device=device))
             for _ in range(num_layers)
         ]
     per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_format)
@@ -100,35 +99,3 @@ def allocate_kv_cache(
         num_blocks * block_size * per_token / 2**30,
     )
     return KVCache(layers, num_blocks, block_size, per_token)
-
-
-def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zero: bool):
-    t = torch.empty(shape, dtype=dtype, device=device)
-    if device.type == "cpu":
-        advise_huge_pages(t)  # before the first touch, or the kernel keeps its 4 KiB pages
-    return t.zero_() if zero else t
-
-
-MADV_HUGEPAGE = 14
-HUGE_PAGE = 2 << 20
-
-
-def advise_huge_pages(t: torch.Tensor) -> bool:
-    """Ask Linux to back a large host tensor with 2 MiB pages. Decode attention reads a few KiB
-    from each of thousands of scattered blocks per layer; with 4 KiB pages nearly every block
-    costs a TLB miss (about 18% of the kernel's time, measured). False where not available
-    (not Linux, transparent huge pages off): the tensor works the same, only slower."""
-    import ctypes
-    import sys
-
-    start = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE
-    end = (t.data_ptr() + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
-    if not sys.platform.startswith("linux") or end <= start:
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return (
-            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE) == 0
-        )
-    except (OSError, AttributeError):
-        return False
