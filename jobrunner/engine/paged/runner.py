@@ -122,8 +122,14 @@ class ModelRunner:
             else:
                 L = start + n
                 blocks = self._tensor(batch.seqs[i].block_table[: -(-L // bs)])  # (nb,)
-                q_pos = torch.arange(start, L, device=self.device)  # (n,)
-                mask = torch.arange(L, device=self.device)[None] <= q_pos[:, None]  # (n, L)
-                chunks.append(PrefillChunk(row, row + n, blocks, L, mask))
+                chunks.append(PrefillChunk(row, row + n, blocks, L, self._offset_mask(start, L)))
             row += n
         return chunks
+
+    def _offset_mask(self, start: int, L: int) -> torch.Tensor | None:
+        """(n, L) causal mask of a chunk after `start` cached positions; None on CPU, where
+        attention splits the chunk's context instead (attention._prefill_split)."""
+        if self.device.type == "cpu":
+            return None
+        q_pos = torch.arange(start, L, device=self.device)  # (n,)
+        return torch.arange(L, device=self.device)[None] <= q_pos[:, None]
