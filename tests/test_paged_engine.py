@@ -153,6 +153,18 @@ def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypa
     assert_matches(results, reference, range(6))
 
 
+def test_limits_grow_back_after_clean_steps(loaded, prompts, reference, monkeypatch):
+    import jobrunner.engine.paged.engine as paged_engine
+
+    monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", "2,3")
+    monkeypatch.setattr(paged_engine, "GROW_BACK_STEPS", 2)
+    engine = make_engine(loaded, 256 << 20, max_num_seqs=8, max_batch_tokens=512)
+    results = run(engine, requests(prompts[:6]))
+    assert engine.stats.oom_retries == 2
+    assert (engine.scheduler.max_num_seqs, engine.scheduler.max_batch_tokens) == (8, 512)
+    assert_matches(results, reference, range(6))
+
+
 def test_oom_on_a_single_short_row_fails_it(loaded, prompts, monkeypatch):
     monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", ",".join(str(i) for i in range(1, 40)))
     engine = make_engine(loaded, 64 << 20, max_num_seqs=1, max_batch_tokens=16)

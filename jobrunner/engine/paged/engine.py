@@ -7,7 +7,9 @@ Fault injection (for crash-safety tests): `JOBRUNNER_FAULT_OOM_STEPS="3,4"` make
 attempts number 3 and 4 (1-based, counting retries) raise `torch.OutOfMemoryError`, which
 exercises the back-off path: the step is dropped, max_num_seqs and the token budget are
 halved, the same sequences are scheduled again and `stats.oom_retries` grows; a single
-sequence that still fails ends with error_code "oom".
+sequence that still fails ends with error_code "oom". After GROW_BACK_STEPS clean steps the
+limits double back towards the configured ones (a transient squeeze does not halve the rest of a
+long job); each OOM after such a recovery doubles the wait before the next one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 FAULT_ENV = "JOBRUNNER_FAULT_OOM_STEPS"
 MIN_BATCH_TOKENS = 16
+GROW_BACK_STEPS = 64  # clean steps after an OOM before the limits double back (x2 per relapse)
 
 
 def is_oom(e: BaseException) -> bool:
@@ -70,6 +73,8 @@ class PagedEngine(Engine):
         self.stats.kv_bytes_per_token = self.kv.bytes_per_token
         self._fault_steps = {int(s) for s in os.environ.get(FAULT_ENV, "").split(",") if s.strip()}
         self._attempts = 0
+        self._clean_steps = 0
+        self._grow_after = GROW_BACK_STEPS
         self._live: dict[int, Sequence] = {}
 
     def _allocate_kv(self):
@@ -124,6 +129,7 @@ class PagedEngine(Engine):
         out = self._run(batch)
         if out is not None:
             tokens, finite = out
+            self._grow_back()
             self._fail_rows(batch, finite)
             self._record(batch, time.perf_counter() - t)
             self._emit_step(batch, self.scheduler.postprocess(batch, tokens))
@@ -177,6 +183,9 @@ class PagedEngine(Engine):
 
     def _back_off(self, batch: ScheduledBatch, e: BaseException) -> None:
         self.stats.oom_retries += 1
+        if self._clean_steps >= self._grow_after:  # relapsed after a recovery: wait longer
+            self._grow_after *= 2
+        self._clean_steps = 0
         if self.loaded.device.type == "cuda":
             torch.cuda.empty_cache()
         s = self.scheduler
@@ -188,6 +197,23 @@ class PagedEngine(Engine):
         s.max_batch_tokens = max(MIN_BATCH_TOKENS, batch.num_tokens // 2)
         log.warning(
             "out of memory; retrying with max_num_seqs=%d max_batch_tokens=%d",
+            s.max_num_seqs,
+            s.max_batch_tokens,
+        )
+
+    def _grow_back(self) -> None:
+        """After enough clean steps, double reduced limits back towards the configured ones."""
+        s, e = self.scheduler, self.cfg.engine
+        if s.max_num_seqs >= e.max_num_seqs and s.max_batch_tokens >= e.max_batch_tokens:
+            return
+        self._clean_steps += 1
+        if self._clean_steps % self._grow_after:
+            return
+        s.max_num_seqs = min(e.max_num_seqs, 2 * s.max_num_seqs)
+        s.max_batch_tokens = min(e.max_batch_tokens, 2 * s.max_batch_tokens)
+        log.info(
+            "no out-of-memory for %d steps; growing back to max_num_seqs=%d max_batch_tokens=%d",
+            self._clean_steps,
             s.max_num_seqs,
             s.max_batch_tokens,
         )
