@@ -54,7 +54,10 @@ def find_stop(text: str, stops: tuple[str, ...], start: int) -> int:
 
 
 class _StopWatch:
-    """Incremental text of one row with stop strings."""
+    """Incremental text of one row with stop strings. Each token decodes only a short window
+    (the tokens since the last step, behind the previous step's tokens for context), so a long
+    output costs O(n), not O(n^2) decodes. A stop found in that text is confirmed on one full
+    decode, which also gives the exact text the row ends with."""
 
     def __init__(self, seq: Any):
         self.seq = seq  # read only for num_cached_tokens, fixed before its first token
@@ -62,14 +65,27 @@ class _StopWatch:
         self.stops = self.request.sampling.stop
         self.max_stop = max(len(s) for s in self.stops)
         self.output_ids: list[int] = []
-        self.checked = 0  # text before this index holds no stop string start
+        self.text = ""  # the text of output_ids[:read]
+        self.prefix = 0  # the window decoded for a new token starts at this token
+        self.read = 0
+        self.checked = 0  # self.text before this index holds no stop string start
 
     def feed(self, tokenizer: Any, token_id: int) -> tuple[str, int]:
+        """(the row's text, the index of a stop string in it or -1)."""
         self.output_ids.append(token_id)
-        text = tokenizer.decode(self.output_ids, skip_special_tokens=True)
-        hit = find_stop(text, self.stops, self.checked)
-        self.checked = max(0, len(text) - self.max_stop)
-        return text, hit
+        ids = self.output_ids
+        seen = tokenizer.decode(ids[self.prefix : self.read], skip_special_tokens=True)
+        window = tokenizer.decode(ids[self.prefix :], skip_special_tokens=True)
+        if len(window) <= len(seen) or window.endswith("\ufffd"):  # a character still incomplete
+            return self.text, -1
+        self.text += window[len(seen) :]
+        self.prefix, self.read = self.read, len(ids)
+        hit = find_stop(self.text, self.stops, self.checked)
+        self.checked = max(0, len(self.text) - self.max_stop)
+        if hit < 0:
+            return self.text, -1
+        full = tokenizer.decode(ids, skip_special_tokens=True)
+        return full, find_stop(full, self.stops, 0)  # once a row: the earliest, exactly
 
 
 class Detokenizer:
