@@ -139,8 +139,9 @@ static inline __m512 hsum16(__m512 d[16]) {
 static inline void chunk_offsets(const int64_t *table, int64_t bs, int64_t hd, int64_t head_base,
                                  int64_t t0, int64_t L, int64_t off[16]) {
     int64_t blk = t0 / bs, pos = t0 % bs;
+    const int64_t first = head_base + (table[blk] * bs + pos) * hd; /* t0 < L at every call */
     for (int64_t tt = 0; tt < 16; tt++) {
-        off[tt] = t0 + tt < L ? head_base + (table[blk] * bs + pos) * hd : off[0];
+        off[tt] = t0 + tt < L ? head_base + (table[blk] * bs + pos) * hd : first;
         if (++pos == bs) pos = 0, blk++;
     }
 }
