@@ -149,19 +149,19 @@ def _prefill_split(qp, k_new, v_new, k_cache, v_cache, p: PrefillChunk, scale: f
     mask) and the chunk's own keys (causal, skipping the masked half), merged by their
     log-sum-exps. One masked pass over the whole context computes every masked score too:
     1.7x slower for a 2,000-token chunk behind a 32-token cached head."""
-    past = p.context_len - qp.shape[2]  # cached positions before the chunk
-    group = qp.shape[1] // k_new.shape[1]
-
-    def heads(x: torch.Tensor) -> torch.Tensor:  # (nkv, L, hd) -> (1, nh, L, hd)
-        return x.repeat_interleave(group, dim=0).unsqueeze(0)
-
+    _, nh, n, hd = qp.shape
+    nkv = k_new.shape[1]
+    past = p.context_len - n  # cached positions before the chunk
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    k_past = _gather(k_cache, p.block_ids)[:, :past]  # (nkv, past, hd)
-    v_past = _gather(v_cache, p.block_ids)[:, :past]
-    o1, lse1 = flash(qp, heads(k_past), heads(v_past), 0.0, False, scale=scale)
-    o2, lse2 = flash(
-        qp, heads(k_new.transpose(0, 1)), heads(v_new.transpose(0, 1)), 0.0, True, scale=scale
-    )
+    # unmasked, so the query heads of one KV head can share it as one longer query (no K/V copy)
+    q_fold = qp.reshape(1, nkv, nh // nkv * n, hd)
+    k_past = _gather(k_cache, p.block_ids)[:, :past].unsqueeze(0)  # (1, nkv, past, hd)
+    v_past = _gather(v_cache, p.block_ids)[:, :past].unsqueeze(0)
+    o1, lse1 = flash(q_fold, k_past, v_past, 0.0, False, scale=scale)
+    k_own = k_new.transpose(0, 1).repeat_interleave(nh // nkv, dim=0).unsqueeze(0)  # (1, nh, n, hd)
+    v_own = v_new.transpose(0, 1).repeat_interleave(nh // nkv, dim=0).unsqueeze(0)
+    o2, lse2 = flash(qp, k_own, v_own, 0.0, True, scale=scale)
+    o1, lse1 = o1.reshape(1, nh, n, hd), lse1.reshape(1, nh, n)
     lse = torch.logaddexp(lse1, lse2)  # (1, nh, n)
     o = o1 * (lse1 - lse).exp_().unsqueeze(-1) + o2 * (lse2 - lse).exp_().unsqueeze(-1)
     return o[0].transpose(0, 1)  # (n, nh, hd)
