@@ -101,10 +101,15 @@ def test_a_failed_build_falls_back_with_a_reason(monkeypatch, tmp_path, caplog):
         cpu_kernels.load.cache_clear()
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
-def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight():
+@pytest.mark.parametrize("native", [True, False], ids=["kernel", "onednn"])
+def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight(native, monkeypatch):
     from jobrunner.engine.paged.small_linear import SmallRowLinear
 
+    if native and not cpu_kernels.gemm_supported():
+        pytest.skip("no AVX-512 kernel on this CPU")
+    if not native and not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    monkeypatch.setattr(cpu_kernels, "gemm_supported", lambda: native)
     g = torch.Generator().manual_seed(2)
     lin = SmallRowLinear()
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
@@ -115,6 +120,25 @@ def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight():
     w2 = torch.randn(96, 64, generator=g)  # a different weight never gets w's packing
     x = torch.randn(4, 64, generator=g)
     torch.testing.assert_close(lin(x, w2, None), torch.nn.functional.linear(x, w2))
+
+
+@pytest.mark.skipif(not cpu_kernels.gemm_supported(), reason="no AVX-512 kernel on this CPU")
+@pytest.mark.parametrize("n,k", [(100, 70), (32, 576), (17, 1), (1, 33)])
+def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):
+    """Row counts around the 14-row blocks, output widths off the 32-column panels, and an input
+    read through a row stride (the gate half of a fused gate/up projection)."""
+    g = torch.Generator().manual_seed(4)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    packed = cpu_kernels.pack_gemm_weight(w)
+    for rows in (1, 13, 14, 15, 29, 52, 256):
+        wide = torch.randn(rows, 2 * k, generator=g)
+        x = wide[:, :k]  # strided rows
+        for bias in (b, None):
+            got = cpu_kernels.small_gemm(x, packed, bias, n)
+            want = torch.nn.functional.linear(
+                x.double(), w.double(), None if bias is None else bias.double()
+            )
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
 
 
 @needs_kernels
@@ -138,4 +162,3 @@ def test_write_kv_puts_strided_rows_into_their_slots(dtype):
             c.view(nkv, -1, hd).index_copy_(1, slots, x.transpose(0, 1))
         cpu_kernels.write_kv_(*caches, slots, k[rows], v[rows])
         assert all(torch.equal(a, b) for a, b in zip(caches, want, strict=True))
-

@@ -49,6 +49,10 @@ def load() -> ctypes.CDLL | None:
     lib.kv_write.argtypes = [_ptr] * 5 + [_i64] * 9 + [ctypes.c_int]
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
+    lib.small_gemm_fast.restype = ctypes.c_int
+    lib.small_gemm_fast.argtypes = []
+    lib.small_gemm.restype = None
+    lib.small_gemm.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     return lib
 
 
@@ -171,3 +175,43 @@ def rope_(
         torch.get_num_threads(),
     )  # fmt: skip
     return x
+
+
+GEMM_PANEL = 32  # output columns per packed weight panel (csrc/small_gemm.c)
+
+
+def gemm_supported() -> bool:
+    """Whether the few-row linear kernel has its vector path on this CPU (AVX-512)."""
+    lib = load()
+    return lib is not None and lib.small_gemm_fast() == 1
+
+
+def pack_gemm_weight(w: torch.Tensor) -> torch.Tensor:
+    """(N, K) float32 -> (ceil(N/32), K, 32) panels, the extra columns zero."""
+    n, k = w.shape
+    panels = -(-n // GEMM_PANEL)
+    padded = w.new_zeros(panels * GEMM_PANEL, k)
+    padded[:n] = w
+    return padded.view(panels, GEMM_PANEL, k).transpose(1, 2).contiguous()
+
+
+def small_gemm(
+    x: torch.Tensor,  # (M, K) float32, contiguous rows (any row stride)
+    packed: torch.Tensor,  # pack_gemm_weight(w)
+    bias: torch.Tensor | None,  # (N,) float32
+    n: int,
+) -> torch.Tensor:  # (M, N)
+    """x @ w.T + bias on packed weights, for steps of few rows."""
+    if x.dim() != 2 or x.stride(-1) != 1:
+        x = x.reshape(-1, x.shape[-1]).contiguous()
+    m, k = x.shape
+    dtypes = {x.dtype, packed.dtype} | ({bias.dtype} if bias is not None else set())
+    if packed.shape[1] != k or dtypes != {torch.float32}:
+        raise ValueError(f"small_gemm: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)}")
+    y = x.new_empty(m, n)
+    b = None if bias is None else bias.contiguous()
+    load().small_gemm(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
+        y.data_ptr(), m, n, k, torch.get_num_threads(),
+    )  # fmt: skip
+    return y

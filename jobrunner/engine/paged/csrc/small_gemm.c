@@ -1,0 +1,107 @@
+/* y = x W^T + b for steps of few rows (decode, short prefill chunks), float32, on CPUs.
+ *
+ * W (N, K) is packed once into panels of 32 output columns, (ceil(N/32), K, 32), zero-padded:
+ * one k step of a panel is two 64-byte vectors. A panel is read from memory once a call and
+ * then from L2 for every block of up to 14 rows of x, each block's 28 accumulators staying in
+ * registers for the whole of K (one FMA chain per output, k in order). While the first row
+ * block works on a panel, the next panel is prefetched into L2, so weights stream from memory
+ * behind the arithmetic. Threads split the panels.
+ *
+ * Against oneDNN's prepacked linear (SmolLM2 layer shapes, 30 distinct layers, 2 cores): 52
+ * rows 62 -> 46 ms a step, 16 rows 33 -> 24 ms, 256 rows about even.
+ *
+ * Without AVX-512 small_gemm_fast() returns 0 and callers keep their library path.
+ */
+#include <stdint.h>
+
+#define NR 32 /* output columns per panel */
+#define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+int small_gemm_fast(void) { return 1; }
+
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, int64_t K,
+                                                       const float *w, const float *next,
+                                                       float *y, int64_t ldy, int64_t ncols,
+                                                       const float *bias, const int rows) {
+    __m512 a0[MR], a1[MR];
+#pragma GCC unroll 14
+    for (int m = 0; m < rows; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 w0 = _mm512_loadu_ps(w + k * NR), w1 = _mm512_loadu_ps(w + k * NR + 16);
+        if (next) { /* the next panel into L2, two lines per k: as fast as this one is read */
+            _mm_prefetch((const char *)(next + k * NR), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + k * NR + 16), _MM_HINT_T1);
+        }
+#pragma GCC unroll 14
+        for (int m = 0; m < rows; m++) {
+            const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+            a0[m] = _mm512_fmadd_ps(xb, w0, a0[m]);
+            a1[m] = _mm512_fmadd_ps(xb, w1, a1[m]);
+        }
+    }
+    const __mmask16 k0 = ncols >= 16 ? 0xFFFF : (__mmask16)((1u << ncols) - 1);
+    const __mmask16 k1 = ncols >= 32   ? 0xFFFF
+                         : ncols <= 16 ? 0
+                                       : (__mmask16)((1u << (ncols - 16)) - 1);
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (bias) {
+        b0 = _mm512_maskz_loadu_ps(k0, bias);
+        b1 = _mm512_maskz_loadu_ps(k1, bias + 16);
+    }
+#pragma GCC unroll 14
+    for (int m = 0; m < rows; m++) {
+        _mm512_mask_storeu_ps(y + m * ldy, k0, _mm512_add_ps(a0[m], b0));
+        _mm512_mask_storeu_ps(y + m * ldy + 16, k1, _mm512_add_ps(a1[m], b1));
+    }
+}
+
+static void tile_rows(const float *x, int64_t ldx, int64_t K, const float *w, const float *next,
+                      float *y, int64_t ldy, int64_t ncols, const float *bias, int rows) {
+    switch (rows) { /* one register-resident specialisation per row count */
+#define TILE(n) \
+    case n: tile(x, ldx, K, w, next, y, ldy, ncols, bias, n); break;
+        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7)
+        TILE(8) TILE(9) TILE(10) TILE(11) TILE(12) TILE(13) TILE(14)
+#undef TILE
+    }
+}
+
+/* x: (M, K) with row stride ldx; w: packed (ceil(N/32), K, 32); bias: (N) or NULL;
+ * y: (M, N) contiguous. */
+void small_gemm(const float *x, int64_t ldx, const float *w, const float *bias, float *y,
+                int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR;
+#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const float *wp = w + p * K * NR;
+        const float *next = p + 1 < panels ? wp + K * NR : 0;
+        const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
+        for (int64_t b = 0, m0 = 0; b < blocks; b++) { /* blocks of near-equal size */
+            const int64_t rows = (M - m0) / (blocks - b);
+            tile_rows(x + m0 * ldx, ldx, K, wp, b == 0 ? next : 0, y + m0 * N + p * NR, N,
+                      ncols, bias ? bias + p * NR : 0, (int)rows);
+            m0 += rows;
+        }
+    }
+}
+
+#else
+
+int small_gemm_fast(void) { return 0; }
+
+void small_gemm(const float *x, int64_t ldx, const float *w, const float *bias, float *y,
+                int64_t M, int64_t N, int64_t K, int threads) {
+    (void)threads;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *wp = w + (n / NR) * K * NR + n % NR;
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc += x[m * ldx + k] * wp[k * NR];
+            y[m * N + n] = acc + (bias ? bias[n] : 0.0f);
+        }
+}
+
+#endif
