@@ -89,10 +89,12 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
     committer = Committer(rundir, manifest, loaded.source.name, usd_per_hour,
                           cfg.output.shard_rows, cfg.output.shard_seconds, stream.drain_errors)
     committer.start_clock(since=t0)  # model load is paid for too: charged to the first rows
-    progress = Progress(total_rows - len(skip_ids))
-    interrupted = _run_engine(engine, stream, committer, progress)
+    progress = Progress(total_rows - len(skip_ids), live_tokens=lambda: engine.stats.generated_tokens)
+    try:
+        interrupted = _run_engine(engine, stream, committer, progress)
+    finally:
+        progress.close()
     committer.commit()
-    progress.close()
     _record_run(manifest, cfg, engine, stream, device, usd_per_hour, price_source,
                 time.monotonic() - t0, load_seconds)
     manifest.runs[-1].update(weights, kv_bytes_per_token=engine.stats.kv_bytes_per_token,

@@ -109,6 +109,8 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
     # first one cannot hit: blocks are named only once computed)
     assert sum(c >= 96 for c in shared) >= 6, shared
     assert engine.stats.cached_tokens == sum(r.usage.cached_tokens for r in results.values())
+    generated = sum(r.usage.completion_tokens for r in results.values())
+    assert engine.stats.generated_tokens == generated  # the live progress count, once per token
     r0 = results["0"]
     assert r0.usage.prompt_tokens == len(prompts[0])
     assert r0.usage.completion_tokens == len(r0.token_ids)
@@ -140,6 +142,8 @@ def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
     engine = make_engine(loaded, 400 * 46080)  # ~400 tokens of KV for 11 rows
     results = run(engine, requests([prompts[i] for i in rows]))
     assert engine.stats.preemptions > 0
+    # recomputing a preempted row's tokens does not count them again
+    assert engine.stats.generated_tokens == sum(r.usage.completion_tokens for r in results.values())
     remapped = {str(rows[int(k)]): v for k, v in results.items()}
     assert_matches(remapped, reference, rows)
 

@@ -31,6 +31,7 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt tokens actually computed
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     decode_tokens: int = 0
+    generated_tokens: int = 0  # tokens sampled so far, rows finished or not (live progress)
     preemptions: int = 0
     oom_retries: int = 0
     num_kv_blocks: int = 0

@@ -1,6 +1,9 @@
 """Progress for people and for logs: a rich bar on a terminal, one log line every 10 s otherwise.
 
-JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
+The token rate counts tokens as the engine generates them (`live_tokens`, read by a ticker
+thread), not only those of finished rows: a continuous-batching engine works on every row at
+once, so for the first minute of a job few rows have finished while thousands of tokens have
+been generated. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
 """
 
 from __future__ import annotations
@@ -8,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 from jobrunner.types import Result
 
@@ -16,16 +21,24 @@ log = logging.getLogger("jobrunner.progress")
 
 
 class Progress:
-    def __init__(self, total: int, log_every: float = 10.0) -> None:
+    def __init__(
+        self,
+        total: int,
+        log_every: float = 10.0,
+        live_tokens: Callable[[], int] | None = None,
+    ) -> None:
         self.total = max(total, 0)
         self.done = 0
-        self.tokens = 0
+        self.tokens = 0  # completion tokens of finished rows
+        self.live_tokens = live_tokens  # tokens generated so far, finished rows or not
         self.t0 = time.monotonic()
-        self._next_log = self.t0 + log_every
         self.log_every = log_every
         self._bar = None
+        self._stop = threading.Event()
         if sys.stderr.isatty() and not os.environ.get("JOBRUNNER_NO_PROGRESS"):
             self._start_bar()
+        self._ticker = threading.Thread(target=self._tick, name="jobrunner-progress", daemon=True)
+        self._ticker.start()
 
     def _start_bar(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
@@ -38,18 +51,34 @@ class Progress:
         self._bar.start()
 
     @property
+    def generated(self) -> int:
+        live = self.live_tokens() if self.live_tokens is not None else 0
+        return max(live, self.tokens)
+
+    @property
     def tokens_per_second(self) -> float:
-        return self.tokens / max(time.monotonic() - self.t0, 1e-9)
+        return self.generated / max(time.monotonic() - self.t0, 1e-9)
 
     def advance(self, results: list[Result]) -> None:
         self.done += len(results)
         self.tokens += sum(r.usage.completion_tokens for r in results if r.shared_with <= 1)
         if self._bar is not None:
             self._bar.update(self._task, advance=len(results), tps=f"{self.tokens_per_second:,.0f}")
-        elif time.monotonic() >= self._next_log:
-            self._next_log = time.monotonic() + self.log_every
-            log.info("%d/%d rows, %.0f completion tok/s", self.done, self.total, self.tokens_per_second)
+
+    def line(self) -> str:
+        return (f"{self.done}/{self.total} rows, {self.generated:,} tokens generated,"
+                f" {self.tokens_per_second:,.0f} tok/s")
+
+    def _tick(self) -> None:
+        """The rate while no row finishes: the bar each second, a log line every log_every."""
+        while not self._stop.wait(1.0 if self._bar is not None else self.log_every):
+            if self._bar is not None:
+                self._bar.update(self._task, tps=f"{self.tokens_per_second:,.0f}")
+            else:
+                log.info("%s", self.line())
 
     def close(self) -> None:
+        self._stop.set()
+        self._ticker.join(timeout=5)
         if self._bar is not None:
             self._bar.stop()

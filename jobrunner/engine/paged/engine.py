@@ -244,14 +244,16 @@ class PagedEngine(Engine):
         self._post_finished(seq, msg)
 
     def _emit_step(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
+        sampled = [
+            seq
+            for seq, n, start in zip(
+                batch.seqs, batch.num_new_tokens, batch.start_positions, strict=True
+            )
+            if start + n + 1 == seq.num_tokens  # the step ended its known tokens: it sampled one
+        ]
+        self.stats.generated_tokens += len(sampled)
         self.detok.tokens(
-            [
-                (seq.seq_id, seq.token_ids[-1])
-                for seq, n, start in zip(
-                    batch.seqs, batch.num_new_tokens, batch.start_positions, strict=True
-                )
-                if seq.request.sampling.stop and start + n + 1 == seq.num_tokens
-            ]
+            [(seq.seq_id, seq.token_ids[-1]) for seq in sampled if seq.request.sampling.stop]
         )
         for seq in finished:
             self._post_finished(seq)
