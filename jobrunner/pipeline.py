@@ -70,14 +70,23 @@ def _stop_before_rows():
 
 def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
               total_rows: int) -> JobSummary:
-    from jobrunner.engine.base import make_engine
-    from jobrunner.engine.loader import load_model
-    from jobrunner.engine.quant.apply import check_engine, prepare_weights
-    from jobrunner.prep.stream import PrepStream
     from jobrunner.telemetry.run import RunTelemetry
 
     t0 = time.monotonic()
     telemetry = RunTelemetry(rundir.path).start()
+    try:
+        return _generate_sampled(cfg, rundir, manifest, skip_ids, total_rows, t0, telemetry)
+    finally:
+        telemetry.sampler.stop()  # a failed or interrupted run leaves no sampling thread behind
+
+
+def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
+                      total_rows: int, t0: float, telemetry) -> JobSummary:
+    from jobrunner.engine.base import make_engine
+    from jobrunner.engine.loader import load_model
+    from jobrunner.engine.quant.apply import check_engine, prepare_weights
+    from jobrunner.prep.stream import PrepStream
+
     device = detect_device()
     usd_per_hour, price_source = hourly_rate(device, cfg.cost.gpu_hour_usd)
     loaded = load_model(cfg.model)

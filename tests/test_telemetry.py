@@ -59,3 +59,25 @@ def test_gpu_readings_through_nvml():
     gpu = [x for x in s.stop() if x["device"].startswith("cuda")]
     assert gpu and all(x["mem_total_bytes"] > 0 for x in gpu)
     assert any(x["power_w"] is not None for x in gpu)
+
+
+def test_a_run_that_fails_after_sampling_started_leaves_no_sampler_thread(tmp_path, monkeypatch):
+    """run_job used as a library (an Airflow task) must not leak a sampling thread per failure."""
+    import threading
+
+    from jobrunner.config import JobConfig
+    from jobrunner.engine import loader
+    from jobrunner.pipeline import run_job
+
+    def broken_load(*args, **kwargs):
+        raise RuntimeError("weights unreadable")
+
+    monkeypatch.setattr(loader, "load_model", broken_load)
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"id": "a", "prompt": "hi"}\n', encoding="utf-8")
+    cfg = JobConfig()
+    cfg.input.path = str(data)
+    cfg.output.path = str(tmp_path / "out")
+    with pytest.raises(RuntimeError, match="weights unreadable"):
+        run_job(cfg)
+    assert not [t for t in threading.enumerate() if t.name == "jobrunner-sampler"]
