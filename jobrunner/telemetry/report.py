@@ -67,7 +67,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "job": last.get("job"),
         "model": last.get("model"),
         "engine": last.get("engine"),
-        "rows": {"succeeded": ok, "failed": failed, "skipped": sum(r.get("skipped", 0) for r in runs),
+        "rows": {"succeeded": ok, "failed": failed, "skipped": last.get("skipped", 0),
                  "total": ok + failed},
         "finish_reasons": t["finish_reasons"],
         "tokens": {"prompt": t["prompt_tokens"], "cached": t["cached_tokens"],

@@ -39,7 +39,8 @@ def summary_table(r: dict[str, Any]) -> list[str]:
     return [
         "| what | value |",
         "| --- | --- |",
-        f"| rows succeeded / failed / skipped | {rows['succeeded']} / {rows['failed']} / {rows['skipped']} |",
+        f"| rows succeeded / failed | {rows['succeeded']} / {rows['failed']}"
+        f" ({rows['skipped']} already committed when the latest run started) |",
         f"| prompt tokens (cached) | {tok['prompt']:,} ({tok['cached']:,}) |",
         f"| completion tokens | {tok['completion']:,} |",
         f"| wall / engine / forward seconds | {fmt(tm['wall_seconds'], '.1f')} /"
