@@ -13,17 +13,18 @@ def test_log_line_counts_tokens_generated_before_any_row_finishes(caplog, monkey
     """A continuous-batching engine has generated thousands of tokens before its first row
     finishes; the log says so instead of "0 tok/s"."""
     monkeypatch.setenv("JOBRUNNER_NO_PROGRESS", "1")
-    live = {"tokens": 0}
+    live = {"tokens": 0, "prompt": 0}
     caplog.set_level(logging.INFO, logger="jobrunner.progress")
-    progress = Progress(240, log_every=0.05, live_tokens=lambda: live["tokens"])
+    progress = Progress(240, log_every=0.05, live_tokens=lambda: (live["tokens"], live["prompt"]))
     try:
-        live["tokens"] = 12_345
+        live["tokens"], live["prompt"] = 12_345, 67_890
         deadline = time.monotonic() + 10
         while "12,345 tokens generated" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
         progress.close()
-    assert "0/240 rows, 12,345 tokens generated" in caplog.text
+    assert "0/240 rows, 12,345 tokens generated (" in caplog.text
+    assert "67,890 prompt tokens computed" in caplog.text
     assert not progress._ticker.is_alive()  # close() stops the ticker
 
 

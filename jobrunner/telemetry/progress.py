@@ -1,7 +1,7 @@
 """Progress for people and for logs: a rich bar on a terminal, one log line every 10 s otherwise.
 
 The token rate counts tokens as the engine generates them (`live_tokens`, read by a ticker
-thread), not only those of finished rows: a continuous-batching engine works on every row at
+thread, which also gives the prompt tokens computed so far), not only those of finished rows: a continuous-batching engine works on every row at
 once, so for the first minute of a job few rows have finished while thousands of tokens have
 been generated. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
 """
@@ -25,12 +25,12 @@ class Progress:
         self,
         total: int,
         log_every: float = 10.0,
-        live_tokens: Callable[[], int] | None = None,
+        live_tokens: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.total = max(total, 0)
         self.done = 0
         self.tokens = 0  # completion tokens of finished rows
-        self.live_tokens = live_tokens  # tokens generated so far, finished rows or not
+        self.live_tokens = live_tokens  # (tokens generated, prompt tokens computed) so far
         self.t0 = time.monotonic()
         self.log_every = log_every
         self._bar = None
@@ -52,7 +52,7 @@ class Progress:
 
     @property
     def generated(self) -> int:
-        live = self.live_tokens() if self.live_tokens is not None else 0
+        live = self.live_tokens()[0] if self.live_tokens is not None else 0
         return max(live, self.tokens)
 
     @property
@@ -66,8 +66,9 @@ class Progress:
             self._bar.update(self._task, advance=len(results), tps=f"{self.tokens_per_second:,.0f}")
 
     def line(self) -> str:
-        return (f"{self.done}/{self.total} rows, {self.generated:,} tokens generated,"
-                f" {self.tokens_per_second:,.0f} tok/s")
+        prompt = f", {self.live_tokens()[1]:,} prompt tokens computed" if self.live_tokens else ""
+        return (f"{self.done}/{self.total} rows, {self.generated:,} tokens generated"
+                f" ({self.tokens_per_second:,.0f} tok/s){prompt}")
 
     def _tick(self) -> None:
         """The rate while no row finishes: the bar each second, a log line every log_every."""
