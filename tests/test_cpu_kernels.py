@@ -162,3 +162,31 @@ def test_write_kv_puts_strided_rows_into_their_slots(dtype):
             c.view(nkv, -1, hd).index_copy_(1, slots, x.transpose(0, 1))
         cpu_kernels.write_kv_(*caches, slots, k[rows], v[rows])
         assert all(torch.equal(a, b) for a, b in zip(caches, want, strict=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize("d", [576, 40, 7])  # whole vectors, a tail, only a tail
+@pytest.mark.parametrize("rows", [3, 64])  # one thread, and rows split across threads
+def test_rms_norm_matches_torch_on_strided_rows(d, rows):
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(rows, d + 9, generator=g) * 3)[:, :d]  # rows read through a stride
+    w = torch.randn(d, generator=g)
+    got = cpu_kernels.rms_norm(x, w, 1e-5)
+    want = torch.nn.functional.rms_norm(x, (d,), w, 1e-5)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1536, 40, 7])
+def test_silu_mul_matches_torch_without_overflow(n):
+    """Gate values far out on both sides must give finite products (e^-g overflows for g << 0
+    if computed naively)."""
+    g = torch.Generator().manual_seed(6)
+    rows = 33
+    gu = torch.randn(rows, 2 * n + 5, generator=g)[:, : 2 * n] * 4  # a strided fused row
+    gu[0, :n] = torch.linspace(-200, 200, n)
+    got = cpu_kernels.silu_mul(gu)
+    gate, up = gu.split(n, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)

@@ -28,6 +28,7 @@ from jobrunner.engine.resolve import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
+HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -49,6 +50,10 @@ def load() -> ctypes.CDLL | None:
     lib.kv_write.argtypes = [_ptr] * 5 + [_i64] * 9 + [ctypes.c_int]
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
+    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [_ptr, _i64, _ptr, ctypes.c_float, _ptr, _i64, _i64, ctypes.c_int]
+    lib.silu_mul.restype = None
+    lib.silu_mul.argtypes = [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_int]
     lib.small_gemm_fast.restype = ctypes.c_int
     lib.small_gemm_fast.argtypes = []
     lib.small_gemm.restype = None
@@ -61,7 +66,7 @@ def _build() -> Path:
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    code = b"".join(src.read_bytes() for src in SOURCES)
+    code = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(code + version.stdout.encode() + _cpu_flags()).hexdigest()
     target = cache_dir() / "kernels" / f"jobrunner-cpu-{key[:16]}.so"
     if target.exists():
@@ -214,4 +219,38 @@ def small_gemm(
         x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
         y.data_ptr(), m, n, k, torch.get_num_threads(),
     )  # fmt: skip
+    return y
+
+
+def rows_supported(x: torch.Tensor) -> bool:
+    """Whether the row kernels (rms_norm, silu_mul) take x: float32 on CPU, 2-D, unit stride."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.dim() == 2
+        and x.stride(-1) == 1
+        and load() is not None
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight per row of x (T, D), in one pass."""
+    t, d = x.shape
+    w = weight.contiguous()
+    if w.dtype != torch.float32 or w.numel() != d:
+        raise ValueError(f"rms_norm: weight {tuple(w.shape)} {w.dtype} for rows of {d}")
+    y = x.new_empty(t, d)
+    load().rms_norm(
+        x.data_ptr(), x.stride(0), w.data_ptr(), eps, y.data_ptr(), t, d, torch.get_num_threads()
+    )
+    return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for rows of a fused gate/up projection (T, 2n) -> (T, n), in one pass."""
+    t, two_n = gate_up.shape
+    y = gate_up.new_empty(t, two_n // 2)
+    load().silu_mul(
+        gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), t, two_n // 2, torch.get_num_threads()
+    )
     return y

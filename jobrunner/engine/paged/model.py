@@ -42,6 +42,8 @@ def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if eps is None or weight is None or type(module).__name__ not in RMS_NORMS:
         return module(x)
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        if weight.dim() == 1 and cpu_kernels.rows_supported(x):
+            return cpu_kernels.rms_norm(x, weight, eps)  # one pass, not six
         return F.rms_norm(x, weight.shape, weight, eps)
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
@@ -114,7 +116,10 @@ class PagedCausalLM:
         if fused is None:
             return mlp(x)
         gate, up = fused.split(self.gate_up[i][3], dim=-1)
-        if isinstance(mlp.act_fn, nn.SiLU):  # in place: no extra (T, intermediate) tensors
+        if isinstance(mlp.act_fn, nn.SiLU):
+            if gate.shape == up.shape and cpu_kernels.rows_supported(fused):
+                return self._linear(mlp.down_proj, cpu_kernels.silu_mul(fused))  # one pass
+            # in place: no extra (T, intermediate) tensors
             return self._linear(mlp.down_proj, F.silu(gate, inplace=True).mul_(up))
         return self._linear(mlp.down_proj, mlp.act_fn(gate) * up)
 

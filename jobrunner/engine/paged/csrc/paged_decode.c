@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vexp.h"
+
 enum { F32 = 0, BF16 = 1, F16 = 2 };
 
 typedef struct {
@@ -44,28 +46,6 @@ static inline const float *load_row(const void *base, int dtype, int64_t offset,
 #endif
     }
     return dst;
-}
-
-/* exp for x <= 0 (softmax after subtracting the max), about 1 ulp: e^x = 2^n e^r with
- * n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts) and e^r by a degree-5 polynomial;
- * the constants are shared by the scalar exp_neg and the vector exp_neg16. */
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_LN2_HI 0.693359375f
-#define EXP_LN2_LO -2.12194440e-4f
-static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-static inline float exp_neg(float x) {
-    if (x < -87.0f) return 0.0f;
-    float n = floorf(x * EXP_LOG2E + 0.5f);
-    float r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
-    float p = EXP_POLY[0];
-    for (int i = 1; i < 6; i++) p = p * r + EXP_POLY[i];
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof(float));
-    return p * scale;
 }
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -100,19 +80,6 @@ static inline __m512 load16(const void *base, int dtype, int64_t offset) {
     const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + offset));
     if (dtype == BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
     return _mm512_cvtph_ps(half);
-}
-
-/* e^x for x <= 0, lane-wise (exp_neg's reduction and polynomial); lanes below -87 give ~1e-38. */
-static inline __m512 exp_neg16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
-    for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* d[0..15] -> one vector whose lane t is the sum of d[t]'s lanes (a transpose-and-add tree:

@@ -1,0 +1,91 @@
+/* RMSNorm and SiLU-gated products in one pass each, float32, for CPUs.
+ *
+ * torch runs HF's RMSNorm as six passes over the activations (pow, mean, add, rsqrt, two muls)
+ * and the MLP's silu(gate) * up as two: about 10% of a prefill-heavy job. These read their input
+ * once and write their output once.
+ *
+ * rms_norm: y = x / sqrt(mean(x^2) + eps) * w per row, the mean in float32 as HF computes it.
+ * silu_mul: y = silu(g) * u with g, u the two halves of a fused gate/up row;
+ * silu(g) = g * sigmoid(g), sigmoid from one e^(-|g|) (vexp.h) so no lane overflows.
+ * Rows may be strided (`ld`, in floats); outputs are contiguous.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "vexp.h"
+
+#define PARALLEL_ROWS 16 /* fewer rows than this run on one thread (a decode step's norm: ~2 us) */
+
+static inline float sigmoid(float g) {
+    const float e = exp_neg(-fabsf(g));
+    return g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+#ifdef __AVX512F__
+
+static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const __mmask16 tail = (__mmask16)((1u << (D - i)) - 1);
+    const __m512 vt = _mm512_maskz_loadu_ps(tail, x + i);
+    acc = _mm512_fmadd_ps(vt, vt, acc);
+    const float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps);
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (i = 0; i + 16 <= D; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv),
+                                              _mm512_loadu_ps(w + i)));
+    const __m512 xt = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), vinv);
+    _mm512_mask_storeu_ps(y + i, tail, _mm512_mul_ps(xt, _mm512_maskz_loadu_ps(tail, w + i)));
+}
+
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 num = _mm512_mask_blend_ps(neg, one, e); /* g < 0: e / (1 + e) */
+    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+    return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+}
+
+static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, silu_mul16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
+    const __m512 r = silu_mul16(_mm512_maskz_loadu_ps(tail, g + i), _mm512_maskz_loadu_ps(tail, u + i));
+    _mm512_mask_storeu_ps(y + i, tail, r);
+}
+
+#else
+
+static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < D; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int64_t i = 0; i < D; i++) y[i] = x[i] * inv * w[i];
+}
+
+static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+#endif
+
+/* x: (T, D) with row stride ld; w: (D); y: (T, D) contiguous. */
+void rms_norm(const float *x, int64_t ld, const float *w, float eps, float *y, int64_t T,
+              int64_t D, int threads) {
+#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static) \
+    if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) rms_row(x + t * ld, w, eps, y + t * D, D);
+}
+
+/* gu: (T, 2n) with row stride ld, gate then up; y: (T, n) contiguous. */
+void silu_mul(const float *gu, int64_t ld, float *y, int64_t T, int64_t n, int threads) {
+#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static) \
+    if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) silu_mul_row(gu + t * ld, gu + t * ld + n, y + t * n, n);
+}

@@ -1,0 +1,48 @@
+/* e^x for x <= 0, scalar and 16 lanes at a time (AVX-512), shared by the kernels that need it
+ * (softmax in paged_decode.c, the sigmoid in act_norm.c). */
+#ifndef JOBRUNNER_VEXP_H
+#define JOBRUNNER_VEXP_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp for x <= 0 (softmax after subtracting the max), about 1 ulp: e^x = 2^n e^r with
+ * n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts) and e^r by a degree-5 polynomial;
+ * the constants are shared by the scalar exp_neg and the vector exp_neg16. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_neg(float x) {
+    if (x < -87.0f) return 0.0f;
+    float n = floorf(x * EXP_LOG2E + 0.5f);
+    float r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
+    float p = EXP_POLY[0];
+    for (int i = 1; i < 6; i++) p = p * r + EXP_POLY[i];
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(float));
+    return p * scale;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* e^x for x <= 0, lane-wise (exp_neg's reduction and polynomial); lanes below -87 give ~1e-38. */
+static inline __m512 exp_neg16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+#endif
+#endif
