@@ -18,7 +18,7 @@ from jobrunner.errors import InputDataError, Interrupted
 from jobrunner.io.committer import Committer
 from jobrunner.io.outputs import output_format
 from jobrunner.io.rundir import Manifest, RunDir
-from jobrunner.signals import raise_on_signal
+from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import hourly_rate
 from jobrunner.telemetry.progress import Progress
@@ -57,8 +57,8 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
         summary = _summary("nothing_to_do", rundir)
         _check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
         return summary
-    with _stop_before_rows(), open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
-        return _generate(cfg, rundir, manifest, skip_ids, total_rows)
+    with _stop_before_rows() as stop, open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
+        return _generate(cfg, rundir, manifest, skip_ids, total_rows, stop)
 
 
 def _stop_before_rows():
@@ -69,19 +69,19 @@ def _stop_before_rows():
 
 
 def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
-              total_rows: int) -> JobSummary:
+              total_rows: int, stop: SignalLatch) -> JobSummary:
     from jobrunner.telemetry.run import RunTelemetry
 
     t0 = time.monotonic()
     telemetry = RunTelemetry(rundir.path).start()
     try:
-        return _generate_sampled(cfg, rundir, manifest, skip_ids, total_rows, t0, telemetry)
+        return _generate_sampled(cfg, rundir, manifest, skip_ids, total_rows, t0, telemetry, stop)
     finally:
         telemetry.sampler.stop()  # a failed or interrupted run leaves no sampling thread behind
 
 
 def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
-                      total_rows: int, t0: float, telemetry) -> JobSummary:
+                      total_rows: int, t0: float, telemetry, stop: SignalLatch) -> JobSummary:
     from jobrunner.engine.base import make_engine
     from jobrunner.engine.loader import load_model
     from jobrunner.engine.quant.apply import check_engine, prepare_weights
@@ -93,6 +93,7 @@ def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_i
     weights = prepare_weights(loaded, cfg)  # quality gate (exit 65 below the bar), quantization
     engine = make_engine(loaded, cfg)
     check_engine(engine, cfg)
+    stop.reraise()  # a signal during start-up whose exception a library swallowed
     load_seconds = time.monotonic() - t0
     stream = PrepStream(cfg, loaded.tokenizer, skip_ids, order=_order(cfg)).start()
     committer = Committer(rundir, manifest, loaded.source.name, usd_per_hour,
