@@ -45,7 +45,7 @@ from jobrunner.pipeline import (
     _summary,
 )
 from jobrunner.resume import check_same_job, open_run
-from jobrunner.signals import raise_on_signal
+from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import cpu_count, detect_device
 from jobrunner.telemetry.report import write_reports
 
@@ -62,11 +62,12 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
         summary = _summary("nothing_to_do", rundir)
         _check_error_rate(cfg, summary)
         return summary
-    with raise_on_signal(_interrupted), open_run(rundir, cfg, opts) as (manifest, _skip, _total):
-        return _run(cfg, rundir, manifest, opts)
+    with raise_on_signal(_interrupted) as stop, open_run(rundir, cfg, opts) as (manifest, _, _n):
+        return _run(cfg, rundir, manifest, opts, stop)
 
 
-def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions) -> JobSummary:
+def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions,
+         stop: SignalLatch) -> JobSummary:
     t0 = time.monotonic()
     if opts.restart:
         clear_fragments(rundir)
@@ -79,6 +80,7 @@ def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions) -
     if plan.blocks:
         started = _connect(cfg)
         try:
+            stop.reraise()  # a signal during ray.init whose exception Ray swallowed
             interrupted = _execute(cfg, rundir, manifest, plan, tag, metas)
         finally:
             if started:
@@ -146,9 +148,10 @@ def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag
                                "fault_marker": os.environ.get(FAULT_ENV)})
     rows = iter(ds.iter_rows())
     try:
-        with raise_on_signal(_stopped):
+        with raise_on_signal(_stopped) as stopped:
             for row in rows:
                 _land(rundir, manifest, tag, json.loads(row["meta"]), metas, plan.rows)
+            stopped.reraise()  # one Ray's iterator swallowed still stops the run
     except _Stopped:
         return True
     finally:
