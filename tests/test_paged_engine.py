@@ -119,6 +119,20 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
     assert len(log) == engine.stats.steps and {"t", "kv_blocks_used"} <= set(log[0])
 
 
+def test_greedy_matches_hf_when_every_chunk_behind_context_splits(
+    loaded, prompts, reference, monkeypatch
+):
+    """Small chunks behind cached context take one masked pass on CPU; force the two-pass split
+    (the path of long chunks) on every one of them."""
+    from jobrunner.engine.paged import runner
+
+    monkeypatch.setattr(runner, "SPLIT_PREFILL_SCORES", 0)
+    engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
+    rows = list(range(1, 32, 2))
+    results = run(engine, requests([prompts[i] for i in rows]))
+    assert_matches({str(rows[int(k)]): v for k, v in results.items()}, reference, rows)
+
+
 def test_greedy_matches_hf_on_the_torch_path_without_native_kernels(
     loaded, prompts, reference, monkeypatch
 ):
