@@ -93,6 +93,8 @@ class RunDir:
         adopt = any(p.name not in listed for p in self.shard_files())
         self._cut_errors(None if adopt else m.errors_bytes)
         self.recount(m)
+        if adopt:  # saved at once: the error lines of a later commit that crashes before its
+            self.save_manifest(m)  # shard are then cut by the next recovery, not adopted too
         return m
 
     def recount(self, m: Manifest) -> None:
