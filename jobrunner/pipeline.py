@@ -99,8 +99,7 @@ def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_i
     committer = Committer(rundir, manifest, loaded.source.name, usd_per_hour,
                           cfg.output.shard_rows, cfg.output.shard_seconds, stream.drain_errors)
     committer.start_clock(since=t0)  # model load is paid for too: charged to the first rows
-    live = lambda: (engine.stats.generated_tokens, engine.stats.prefill_tokens)  # noqa: E731
-    progress = Progress(total_rows - len(skip_ids), live_tokens=live)
+    progress = Progress(total_rows - len(skip_ids), live=engine.stats)
     try:
         interrupted = _run_engine(engine, stream, committer, progress)
     finally:

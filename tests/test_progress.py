@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 
 from jobrunner.telemetry.progress import Progress
 from jobrunner.types import FinishReason, Result, Usage
@@ -13,11 +14,11 @@ def test_log_line_counts_tokens_generated_before_any_row_finishes(caplog, monkey
     """A continuous-batching engine has generated thousands of tokens before its first row
     finishes; the log says so instead of "0 tok/s"."""
     monkeypatch.setenv("JOBRUNNER_NO_PROGRESS", "1")
-    live = {"tokens": 0, "prompt": 0}
+    live = SimpleNamespace(generated_tokens=0, prefill_tokens=0)  # the engine's live counters
     caplog.set_level(logging.INFO, logger="jobrunner.progress")
-    progress = Progress(240, log_every=0.05, live_tokens=lambda: (live["tokens"], live["prompt"]))
+    progress = Progress(240, log_every=0.05, live=live)
     try:
-        live["tokens"], live["prompt"] = 12_345, 67_890
+        live.generated_tokens, live.prefill_tokens = 12_345, 67_890
         deadline = time.monotonic() + 10
         while "12,345 tokens generated" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.02)

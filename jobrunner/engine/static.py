@@ -102,8 +102,9 @@ class StaticEngine(Engine):
         st.engine_seconds += seconds
         st.forward_seconds += seconds
         st.prefill_tokens += sum(r.num_prompt_tokens for r in batch)
-        st.decode_tokens += sum(r.usage.completion_tokens for r in results)
-        st.generated_tokens += sum(r.usage.completion_tokens for r in results)
+        completion = sum(r.usage.completion_tokens for r in results)
+        st.decode_tokens += completion
+        st.generated_tokens += completion
         st.step_log.append({"t": time.time(), "num_running": len(batch),
                             "batch_tokens": sum(r.num_prompt_tokens for r in batch),
                             "step_seconds": seconds})

@@ -151,7 +151,7 @@ def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag
         with raise_on_signal(_stopped) as stopped:
             for row in rows:
                 _land(rundir, manifest, tag, json.loads(row["meta"]), metas, plan.rows)
-            stopped.reraise()  # one Ray's iterator swallowed still stops the run
+            stopped.reraise()  # a signal Ray's iterator swallowed still stops the run
     except _Stopped:
         return True
     finally:

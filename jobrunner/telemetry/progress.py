@@ -1,9 +1,9 @@
 """Progress for people and for logs: a rich bar on a terminal, one log line every 10 s otherwise.
 
-The token rate counts tokens as the engine generates them (`live_tokens`, read by a ticker
-thread, which also gives the prompt tokens computed so far), not only those of finished rows: a continuous-batching engine works on every row at
-once, so for the first minute of a job few rows have finished while thousands of tokens have
-been generated. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
+The token rate counts tokens as the engine samples them (its live counters, read by a ticker
+thread, along with the prompt tokens computed so far), not only those of finished rows: a
+continuous-batching engine works on every row at once, so for the first minute of a job few rows
+have finished while thousands of tokens have been generated. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from typing import Any
 
 from jobrunner.types import Result
 
@@ -25,12 +25,12 @@ class Progress:
         self,
         total: int,
         log_every: float = 10.0,
-        live_tokens: Callable[[], tuple[int, int]] | None = None,
+        live: Any = None,
     ) -> None:
         self.total = max(total, 0)
         self.done = 0
         self.tokens = 0  # completion tokens of finished rows
-        self.live_tokens = live_tokens  # (tokens generated, prompt tokens computed) so far
+        self.live = live  # EngineStats: generated_tokens and prefill_tokens, updated as it runs
         self.t0 = time.monotonic()
         self.log_every = log_every
         self._bar = None
@@ -52,8 +52,7 @@ class Progress:
 
     @property
     def generated(self) -> int:
-        live = self.live_tokens()[0] if self.live_tokens is not None else 0
-        return max(live, self.tokens)
+        return max(self.live.generated_tokens if self.live is not None else 0, self.tokens)
 
     @property
     def tokens_per_second(self) -> float:
@@ -66,7 +65,7 @@ class Progress:
             self._bar.update(self._task, advance=len(results), tps=f"{self.tokens_per_second:,.0f}")
 
     def line(self) -> str:
-        prompt = f", {self.live_tokens()[1]:,} prompt tokens computed" if self.live_tokens else ""
+        prompt = f", {self.live.prefill_tokens:,} prompt tokens computed" if self.live else ""
         return (f"{self.done}/{self.total} rows, {self.generated:,} tokens generated"
                 f" ({self.tokens_per_second:,.0f} tok/s){prompt}")
 

@@ -201,14 +201,14 @@ def pack_gemm_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def small_gemm(
-    x: torch.Tensor,  # (M, K) float32, contiguous rows (any row stride)
+    x: torch.Tensor,  # (M, K) float32, any row stride
     packed: torch.Tensor,  # pack_gemm_weight(w)
     bias: torch.Tensor | None,  # (N,) float32
     n: int,
 ) -> torch.Tensor:  # (M, N)
     """x @ w.T + bias on packed weights, for steps of few rows."""
-    if x.dim() != 2 or x.stride(-1) != 1:
-        x = x.reshape(-1, x.shape[-1]).contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     m, k = x.shape
     dtypes = {x.dtype, packed.dtype} | ({bias.dtype} if bias is not None else set())
     if packed.shape[1] != k or dtypes != {torch.float32}:

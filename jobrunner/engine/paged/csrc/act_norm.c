@@ -16,11 +16,6 @@
 
 #define PARALLEL_ROWS 16 /* fewer rows than this run on one thread (a decode step's norm: ~2 us) */
 
-static inline float sigmoid(float g) {
-    const float e = exp_neg(-fabsf(g));
-    return g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-}
-
 #ifdef __AVX512F__
 
 static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
@@ -61,6 +56,11 @@ static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
 }
 
 #else
+
+static inline float sigmoid(float g) {
+    const float e = exp_neg(-fabsf(g));
+    return g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
 
 static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
     float ss = 0.0f;
