@@ -49,6 +49,51 @@ def test_paged_decode_matches_gathered_attention(dtype, tol, hd, group, bs):
 
 
 @needs_kernels
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("hd,group", [(64, 3), (128, 8), (40, 2)])
+def test_paged_decode_reads_a_quantized_cache_in_place(fmt, hd, group):
+    """Codes times their row's scale, as the torch gather dequantizes them."""
+    from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
+
+    g = torch.Generator().manual_seed(1)
+    nkv, bs = 3, 16
+    lens = torch.tensor([1, 15, 16, 17, 64, 65, 300])  # spans of 64 tokens, and their tails
+    nb = -(-int(lens.max()) // bs)
+    num_blocks = len(lens) * nb + 4
+    tables = torch.randperm(num_blocks, generator=g)[: len(lens) * nb].view(len(lens), nb)
+    caches = []
+    for _ in range(2):
+        c = QuantizedKV(KV_FORMATS[fmt], (nkv, num_blocks, bs, hd), torch.float32, "cpu")
+        x = torch.randn(num_blocks * bs, nkv, hd, generator=g) * 3  # every slot written
+        c.write(torch.arange(num_blocks * bs), x)
+        caches.append(c)
+    k_cache, v_cache = caches
+    assert cpu_kernels.supports(k_cache)
+    q = torch.randn(len(lens), nkv * group, hd, generator=g)
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lens, hd**-0.5)
+    every = torch.arange(num_blocks)
+    k_plain = k_cache.gather(every).view(nkv, num_blocks, bs, hd)
+    v_plain = v_cache.gather(every).view(nkv, num_blocks, bs, hd)
+    want = reference_decode(q, k_plain, v_plain, tables, lens, hd**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_paged_decode_float32_queries_over_a_16_bit_cache(dtype):
+    g = torch.Generator().manual_seed(2)
+    k_cache = torch.randn(3, 40, 16, 64, generator=g).to(dtype)
+    v_cache = torch.randn(3, 40, 16, 64, generator=g).to(dtype)
+    tables = torch.randperm(40, generator=g)[:36].view(3, 12)
+    lens = torch.tensor([7, 100, 190])
+    q = torch.randn(3, 9, 64, generator=g)
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    assert got.dtype == torch.float32
+    want = reference_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernels
 def test_paged_decode_single_token_context_returns_its_value():
     k_cache = torch.randn(1, 4, 16, 8)
     v_cache = torch.randn(1, 4, 16, 8)
@@ -162,6 +207,30 @@ def test_write_kv_puts_strided_rows_into_their_slots(dtype):
             c.view(nkv, -1, hd).index_copy_(1, slots, x.transpose(0, 1))
         cpu_kernels.write_kv_(*caches, slots, k[rows], v[rows])
         assert all(torch.equal(a, b) for a, b in zip(caches, want, strict=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_write_kv_quantizes_into_the_same_codes_and_scales_as_torch(fmt):
+    """The native int8 write (and the torch fallback fp8 takes) fill exactly the codes and
+    scales QuantizedKV.write does, for strided rows of a fused projection, decode and prefill."""
+    from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
+
+    g = torch.Generator().manual_seed(4)
+    nh, nkv, hd, bs, num_blocks = 6, 2, 64, 16, 40
+    qkv = torch.randn(300, nh + 2 * nkv, hd, generator=g) * 4
+    qkv[5, nh] = 0.0  # an all-zero row: the scale's floor
+    k, v = qkv[:, nh : nh + nkv], qkv[:, nh + nkv :]
+    for n in (7, 300):
+        slots = torch.randperm(num_blocks * bs, generator=g)[:n]
+        shape = (nkv, num_blocks, bs, hd)
+        ours = [QuantizedKV(KV_FORMATS[fmt], shape, torch.float32, "cpu") for _ in range(2)]
+        torch_ = [QuantizedKV(KV_FORMATS[fmt], shape, torch.float32, "cpu") for _ in range(2)]
+        cpu_kernels.write_kv_(*ours, slots, k[:n], v[:n])
+        for c, x in zip(torch_, (k[:n], v[:n]), strict=True):
+            c.write(slots, x)
+        for a, b in zip(ours, torch_, strict=True):
+            assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
 
 
 @needs_kernels

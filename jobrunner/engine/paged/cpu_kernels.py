@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
 HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+QUANTIZED = {"int8": 3, "fp8": 4}  # codes + a float16 scale per row (engine/quant/kv.py)
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -44,10 +45,12 @@ def load() -> ctypes.CDLL | None:
         log.info("CPU kernels unavailable (%s): decode attention gathers with torch", exc)
         return None
     lib.paged_decode.restype = ctypes.c_int
-    lib.paged_decode.argtypes = [_ptr, _ptr, _ptr, ctypes.c_int, _ptr, _i64, _ptr]
+    lib.paged_decode.argtypes = [_ptr] * 5 + [ctypes.c_int, _ptr, _i64, _ptr]
     lib.paged_decode.argtypes += [_i64] * 6 + [ctypes.c_float, _ptr, ctypes.c_int]
     lib.kv_write.restype = None
     lib.kv_write.argtypes = [_ptr] * 5 + [_i64] * 9 + [ctypes.c_int]
+    lib.kv_write_int8.restype = ctypes.c_int
+    lib.kv_write_int8.argtypes = [_ptr] * 7 + [_i64] * 8 + [ctypes.c_int]
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
     lib.rms_norm.restype = None
@@ -102,18 +105,33 @@ def decode_supported(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def supports(cache: object) -> bool:
-    """Whether the decode kernel can read this layer cache in place."""
+    """Whether the decode kernel can read this layer cache in place: a plain tensor, or a
+    quantized cache's codes and scales."""
+    if isinstance(cache, torch.Tensor):
+        return cache.is_contiguous() and decode_supported(cache.dtype, cache.device)
+    codes, scales = getattr(cache, "codes", None), getattr(cache, "scales", None)
     return (
-        isinstance(cache, torch.Tensor)
-        and cache.is_contiguous()
-        and decode_supported(cache.dtype, cache.device)
+        isinstance(codes, torch.Tensor)
+        and codes.device.type == "cpu"
+        and codes.is_contiguous()
+        and scales.is_contiguous()
+        and scales.dtype == torch.float16
+        and cache.fmt.name in QUANTIZED
+        and load() is not None
     )
+
+
+def _cache_args(cache) -> tuple[int, int | None, int]:
+    """(data pointer, scales pointer or None, the kernel's dtype code) of one layer cache."""
+    if isinstance(cache, torch.Tensor):
+        return cache.data_ptr(), None, DTYPES[cache.dtype]
+    return cache.codes.data_ptr(), cache.scales.data_ptr(), QUANTIZED[cache.fmt.name]
 
 
 def paged_decode(
     q: torch.Tensor,  # (b, nh, hd)
-    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd)
-    v_cache: torch.Tensor,
+    k_cache,  # (nkv, num_blocks, bs, hd): a tensor, or a QuantizedKV (engine/quant/kv.py)
+    v_cache,
     block_tables: torch.Tensor,  # (b, nb) int64
     context_lens: torch.Tensor,  # (b,) int64
     scale: float,
@@ -125,8 +143,9 @@ def paged_decode(
     out = torch.empty_like(qf)
     tables = block_tables.to(torch.int64).contiguous()
     lens = context_lens.to(torch.int64).contiguous()
+    (k, k_scales, code), (v, v_scales, _) = _cache_args(k_cache), _cache_args(v_cache)
     rc = lib.paged_decode(
-        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), DTYPES[k_cache.dtype],
+        qf.data_ptr(), k, v, k_scales, v_scales, code,
         tables.data_ptr(), tables.shape[1], lens.data_ptr(),
         b, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -136,21 +155,21 @@ def paged_decode(
 
 
 def write_kv_(
-    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd), contiguous
-    v_cache: torch.Tensor,
+    k_cache,  # (nkv, num_blocks, bs, hd), contiguous: a tensor, or a QuantizedKV
+    v_cache,
     slots: torch.Tensor,  # (T,) int64 flat slot (block * bs + offset) of each new token
-    k: torch.Tensor,  # (T, nkv, hd), the cache's dtype, head_dim contiguous
+    k: torch.Tensor,  # (T, nkv, hd), head_dim contiguous
     v: torch.Tensor,
 ) -> None:
     """Copies each token's K and V rows into its slot (index_copy_ takes ~130 us a layer for a
-    47-row decode step; this takes a few)."""
-    if (
-        k.dtype != k_cache.dtype
-        or v.dtype != v_cache.dtype
-        or k.stride(-1) != 1
-        or v.stride(-1) != 1
-    ):
-        raise ValueError("write_kv_: K/V rows must match the cache dtype with head_dim contiguous")
+    47-row decode step; this takes a few). Rows of another dtype (a float32 model over a 16-bit
+    cache) are converted first. An int8 cache quantizes in the same pass (as its torch write
+    would, ~80 us a layer for a 52-row step in torch); fp8 ones quantize in torch."""
+    if not isinstance(k_cache, torch.Tensor):
+        return _write_quantized(k_cache, v_cache, slots, k, v)
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("write_kv_: K/V rows must have head_dim contiguous")
     nkv, num_blocks, bs, hd = k_cache.shape
     slots = slots.to(torch.int64).contiguous()
     load().kv_write(
@@ -158,6 +177,23 @@ def write_kv_(
         k.shape[0], nkv, hd, num_blocks * bs, k.element_size(),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), torch.get_num_threads(),
     )  # fmt: skip
+
+
+def _write_quantized(k_cache, v_cache, slots, k, v) -> None:
+    k, v = k.to(torch.float32), v.to(torch.float32)
+    if k_cache.fmt.name == "int8" and k.stride(-1) == 1 and v.stride(-1) == 1:
+        nkv, num_blocks, bs, hd = k_cache.shape
+        slots = slots.to(torch.int64).contiguous()
+        failed = load().kv_write_int8(
+            k_cache.codes.data_ptr(), k_cache.scales.data_ptr(), v_cache.codes.data_ptr(),
+            v_cache.scales.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
+            k.shape[0], nkv, hd, num_blocks * bs, k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), torch.get_num_threads(),
+        )  # fmt: skip
+        if not failed:
+            return
+    k_cache.write(slots, k)
+    v_cache.write(slots, v)
 
 
 def rope_supported(dtype: torch.dtype, device: torch.device) -> bool:

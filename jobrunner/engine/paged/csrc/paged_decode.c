@@ -5,7 +5,9 @@
  * copy, no padding. Work is split over (row, kv head) pairs across threads; each pair reads its
  * K/V rows once for all the query heads that share that KV head (GQA).
  *
- * Scores and outputs accumulate in float32. The cache may be float32, bfloat16 or float16.
+ * Scores and outputs accumulate in float32. The cache may be float32, bfloat16 or float16, or
+ * 8-bit codes (int8, or fp8 e4m3) with one float16 scale per (KV head, token) row
+ * (engine/quant/kv.py): a row's value is its codes times its scale.
  * Plain C: built with `cc -O3 -march=native` at first use (engine/paged/cpu_kernels.py).
  */
 #include <math.h>
@@ -15,11 +17,12 @@
 
 #include "vexp.h"
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
+enum { F32 = 0, BF16 = 1, F16 = 2, I8 = 3, FP8 = 4 };
 
 typedef struct {
     const float *q;         /* (b, nh, hd) */
     const void *k, *v;      /* (nkv, num_blocks, bs, hd) */
+    const uint16_t *k_scale, *v_scale; /* (nkv, num_blocks, bs) float16 for I8 / FP8, else NULL */
     int dtype;
     const int64_t *tables;  /* (b, table_stride) */
     int64_t table_stride;
@@ -29,21 +32,53 @@ typedef struct {
     float *out;             /* (b, nh, hd) */
 } Job;
 
-/* Row `offset` of the cache as float32: in place for a float32 cache, else converted into dst. */
-static inline const float *load_row(const void *base, int dtype, int64_t offset, int64_t hd,
-                                    float *dst) {
-    if (dtype == F32) return (const float *)base + offset;
-    if (dtype == BF16) {
-        const uint16_t *src = (const uint16_t *)base + offset;
+static inline int64_t elem_bytes(int dtype) { return dtype == F32 ? 4 : dtype <= F16 ? 2 : 1; }
+
+static inline float half_to_float(uint16_t h) {
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float f;
+    if (e == 0) {
+        f = ldexpf((float)m, -24); /* zero or subnormal */
+    } else {
+        const uint32_t bits = (e == 31 ? 0xffu << 23 : (e + 112) << 23) | m << 13;
+        memcpy(&f, &bits, sizeof(float));
+    }
+    return h & 0x8000u ? -f : f;
+}
+
+/* fp8 e4m3 as float16 bits: the same sign, exponent and mantissa fields shifted into place, a
+ * value 2^-8 times the fp8 one (exponent bias 15 against 7), subnormals included. */
+static inline uint16_t fp8_as_half(uint8_t b) {
+    return (uint16_t)((b & 0x80u) << 8 | (b & 0x7fu) << 7);
+}
+
+/* Row `offset` of the cache as float32: in place for a float32 cache, else converted into dst
+ * (quantized rows times their scale, which sits at offset / hd). */
+static inline const float *load_row(const Job *J, const void *base, const uint16_t *scales,
+                                    int64_t offset, float *dst) {
+    const int64_t hd = J->hd;
+    switch (J->dtype) {
+    case F32:
+        return (const float *)base + offset;
+    case BF16:
         for (int64_t i = 0; i < hd; i++) {
-            uint32_t bits = (uint32_t)src[i] << 16;
+            uint32_t bits = (uint32_t)((const uint16_t *)base)[offset + i] << 16;
             memcpy(dst + i, &bits, sizeof(float));
         }
-    } else {
-#ifdef __FLT16_MAX__
-        const _Float16 *src = (const _Float16 *)base + offset;
-        for (int64_t i = 0; i < hd; i++) dst[i] = (float)src[i];
-#endif
+        break;
+    case F16:
+        for (int64_t i = 0; i < hd; i++) dst[i] = half_to_float(((const uint16_t *)base)[offset + i]);
+        break;
+    case I8: {
+        const float s = half_to_float(scales[offset / hd]);
+        for (int64_t i = 0; i < hd; i++) dst[i] = (float)((const int8_t *)base)[offset + i] * s;
+        break;
+    }
+    default: {
+        const float s = half_to_float(scales[offset / hd]) * 256.0f;
+        for (int64_t i = 0; i < hd; i++)
+            dst[i] = half_to_float(fp8_as_half(((const uint8_t *)base)[offset + i])) * s;
+    }
     }
     return dst;
 }
@@ -75,11 +110,30 @@ static void softmax_rows(float *scores, int64_t rows, int64_t L) {
 #ifdef __AVX512F__
 #include <immintrin.h>
 
+enum { SPAN = 64 }; /* tokens per online-softmax update */
+
+/* 16 values at element `offset` of a cache as float32 (quantized: the codes, unscaled; fp8
+ * codes come out 2^-8 times their value, see fp8_as_half). */
 static inline __m512 load16(const void *base, int dtype, int64_t offset) {
     if (dtype == F32) return _mm512_loadu_ps((const float *)base + offset);
+    if (dtype == I8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + offset))));
+    if (dtype == FP8) {
+        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)base + offset)));
+        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                          _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
+        return _mm512_cvtph_ps(h);
+    }
     const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + offset));
     if (dtype == BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
     return _mm512_cvtph_ps(half);
+}
+
+/* The factor a quantized row's codes are multiplied by (load16's codes to values); 1 otherwise. */
+static inline float row_scale(const Job *J, const uint16_t *scales, int64_t offset) {
+    if (J->dtype == I8) return half_to_float(scales[offset / J->hd]);
+    if (J->dtype == FP8) return half_to_float(scales[offset / J->hd]) * 256.0f;
+    return 1.0f;
 }
 
 /* d[0..15] -> one vector whose lane t is the sum of d[t]'s lanes (a transpose-and-add tree:
@@ -101,90 +155,133 @@ static inline __m512 hsum16(__m512 d[16]) {
                          _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* Cache offsets (in elements) of tokens t0..t0+15 of one head; past L, token t0 repeats. One
- * division per chunk, not one per token. */
-static inline void chunk_offsets(const int64_t *table, int64_t bs, int64_t hd, int64_t head_base,
-                                 int64_t t0, int64_t L, int64_t off[16]) {
+/* Cache offsets (in elements) of tokens t0..t0+n-1 of one head (one division per call). */
+static inline void span_offsets(const int64_t *table, int64_t bs, int64_t hd, int64_t head_base,
+                                int64_t t0, int64_t n, int64_t *off) {
     int64_t blk = t0 / bs, pos = t0 % bs;
-    const int64_t first = head_base + (table[blk] * bs + pos) * hd; /* t0 < L at every call */
-    for (int64_t tt = 0; tt < 16; tt++) {
-        off[tt] = t0 + tt < L ? head_base + (table[blk] * bs + pos) * hd : first;
+    for (int64_t tt = 0; tt < n; tt++) {
+        off[tt] = head_base + (table[blk] * bs + pos) * hd;
         if (++pos == bs) pos = 0, blk++;
     }
 }
 
 /* Blocks are scattered runs of a few KiB that the hardware prefetcher does not follow, so the
- * next chunk's K and V rows are requested while this one computes: 202 -> 152 ms a step for 62
- * rows over shuffled blocks, 134 -> 124 ms over consecutive ones (microbenchmark, 30 layers). */
-static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, const int64_t off[16],
-                                                                int64_t n, const int C) {
-    const int64_t width = J->dtype == F32 ? 4 : 2;
+ * next span's K and V rows are requested while this one computes. */
+static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, const int64_t *off,
+                                                                int64_t n) {
+    const int64_t width = elem_bytes(J->dtype), lines = (J->hd * width + 63) / 64;
     const char *k = (const char *)J->k, *v = (const char *)J->v;
     for (int64_t tt = 0; tt < n; tt++)
-        for (int c = 0; c < C; c++) { /* a row is C * 64 bytes (float32) or half that */
-            _mm_prefetch(k + (off[tt] + 16 * c) * width, _MM_HINT_T0);
-            _mm_prefetch(v + (off[tt] + 16 * c) * width, _MM_HINT_T0);
+        for (int64_t c = 0; c < lines; c++) {
+            _mm_prefetch(k + off[tt] * width + 64 * c, _MM_HINT_T0);
+            _mm_prefetch(v + off[tt] * width + 64 * c, _MM_HINT_T0);
         }
 }
 
-/* One (row, kv head) with G query heads and head_dim 16 * C, in one pass over the context:
- * 16 tokens at a time, their scores for each head as one vector, an online softmax (running max
- * and sum, the output rescaled when the max grows), K and V of a block read while in cache. */
+/* Scores of G query heads against 16 tokens (the K rows at off[0..15], which must all be valid
+ * offsets; lanes past nt are set to -inf), times the softmax scale, into s[j * SPAN]. A cache
+ * that is not float32 is converted once into kbuf, so the G heads do not convert it G times. */
+static inline __attribute__((always_inline)) void scores16(const Job *J, const float *q,
+                                                           const int64_t *off, int64_t nt,
+                                                           float *kbuf, float *s, const int G,
+                                                           const int C) {
+    const int64_t hd = 16 * C;
+    const float *krow[16];
+    for (int tt = 0; tt < 16; tt++) {
+        if (J->dtype == F32) {
+            krow[tt] = (const float *)J->k + off[tt];
+            continue;
+        }
+        const __m512 f = _mm512_set1_ps(row_scale(J, J->k_scale, off[tt]));
+        for (int c = 0; c < C; c++)
+            _mm512_store_ps(kbuf + tt * hd + 16 * c, _mm512_mul_ps(f, load16(J->k, J->dtype, off[tt] + 16 * c)));
+        krow[tt] = kbuf + tt * hd;
+    }
+    const __mmask16 live = (__mmask16)((1u << nt) - 1u);
+    for (int j = 0; j < G; j++) {
+        __m512 qj[C], d[16];
+        for (int c = 0; c < C; c++) qj[c] = _mm512_loadu_ps(q + j * hd + 16 * c);
+        for (int tt = 0; tt < 16; tt++) {
+            d[tt] = _mm512_mul_ps(qj[0], _mm512_loadu_ps(krow[tt]));
+            for (int c = 1; c < C; c++) d[tt] = _mm512_fmadd_ps(qj[c], _mm512_loadu_ps(krow[tt] + 16 * c), d[tt]);
+        }
+        const __m512 sj = _mm512_mul_ps(hsum16(d), _mm512_set1_ps(J->scale));
+        _mm512_store_ps(s + j * SPAN, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, sj));
+    }
+}
+
+/* One (row, kv head) with G query heads and head_dim 16 * C, in one pass over the context, SPAN
+ * tokens at a time: their scores, then an online softmax update per head (running max and sum,
+ * the output rescaled when the max grows), then the weighted V rows. The outputs stay in acc
+ * between spans, in registers while V is read (CB of the C vectors per head at a time). */
 static inline __attribute__((always_inline)) void item_avx512(const Job *J, int64_t r, int64_t h,
                                                               const int G, const int C) {
+    const int CB = G * C <= 24 ? C : G * 4 <= 24 ? 4 : G * 2 <= 24 ? 2 : 1;
     const int64_t hd = 16 * C, L = J->ctx_lens[r], bs = J->bs;
     const float *q = J->q + (r * J->nh + h * G) * hd;
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * bs * hd;
-    const __m512 scale = _mm512_set1_ps(J->scale);
-    __m512 acc[G][C], sum[G];
-    float m[G];
-    float p[G][16] __attribute__((aligned(64)));
-    for (int j = 0; j < G; j++) {
-        m[j] = -INFINITY;
-        sum[j] = _mm512_setzero_ps();
-        for (int c = 0; c < C; c++) acc[j][c] = _mm512_setzero_ps();
-    }
-    int64_t off[16], next[16];
-    chunk_offsets(table, bs, hd, head_base, 0, L, next);
-    for (int64_t t0 = 0; t0 < L; t0 += 16) {
-        const int64_t nt = L - t0 < 16 ? L - t0 : 16;
-        memcpy(off, next, sizeof(off));
-        if (t0 + 16 < L) { /* the next chunk's rows are requested while this one computes */
-            chunk_offsets(table, bs, hd, head_base, t0 + 16, L, next);
-            prefetch_rows(J, next, L - t0 - 16 < 16 ? L - t0 - 16 : 16, C);
+    float acc[G * 16 * C] __attribute__((aligned(64)));
+    float s[G * SPAN] __attribute__((aligned(64)));
+    float kbuf[16 * 16 * C] __attribute__((aligned(64)));
+    float vf[SPAN], alpha[G], m[G];
+    __m512 sum[G];
+    int64_t off_a[SPAN + 16], off_b[SPAN + 16], *off = off_a, *next = off_b;
+    memset(acc, 0, sizeof(acc));
+    for (int j = 0; j < G; j++) m[j] = -INFINITY, sum[j] = _mm512_setzero_ps();
+    span_offsets(table, bs, hd, head_base, 0, L < SPAN ? L : SPAN, next);
+    for (int64_t t0 = 0; t0 < L; t0 += SPAN) {
+        const int64_t n = L - t0 < SPAN ? L - t0 : SPAN;
+        int64_t *tmp = off;
+        off = next, next = tmp;
+        const int64_t nn = L - t0 - SPAN < 0 ? 0 : L - t0 - SPAN < SPAN ? L - t0 - SPAN : SPAN;
+        span_offsets(table, bs, hd, head_base, t0 + SPAN, nn, next);
+        for (int64_t tt = n; tt < ((n + 15) & ~15); tt++) off[tt] = off[0]; /* tail: a real row */
+        for (int64_t c0 = 0; c0 < n; c0 += 16) {
+            /* the next 16 tokens' K and V rows are requested while these 16 compute */
+            if (c0 + 16 < n) prefetch_rows(J, off + c0 + 16, n - c0 - 16 < 16 ? n - c0 - 16 : 16);
+            else if (nn > 0) prefetch_rows(J, next, nn < 16 ? nn : 16);
+            scores16(J, q, off + c0, n - c0 < 16 ? n - c0 : 16, kbuf, s + c0, G, C);
         }
-        const __mmask16 live = (__mmask16)((1u << nt) - 1u);
-        for (int j = 0; j < G; j++) {
-            __m512 qj[C], d[16];
-            for (int c = 0; c < C; c++) qj[c] = _mm512_loadu_ps(q + j * hd + 16 * c);
-            for (int tt = 0; tt < 16; tt++) {
-                d[tt] = _mm512_mul_ps(qj[0], load16(J->k, J->dtype, off[tt]));
-                for (int c = 1; c < C; c++)
-                    d[tt] = _mm512_fmadd_ps(qj[c], load16(J->k, J->dtype, off[tt] + 16 * c), d[tt]);
+        for (int j = 0; j < G; j++) { /* the online softmax update over this span */
+            __m512 mx = _mm512_load_ps(s + j * SPAN);
+            for (int64_t c0 = 16; c0 < n; c0 += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(s + j * SPAN + c0));
+            const float m_new = fmaxf(m[j], _mm512_reduce_max_ps(mx));
+            const __m512 mv = _mm512_set1_ps(m_new);
+            __m512 e_sum = _mm512_setzero_ps();
+            for (int64_t c0 = 0; c0 < n; c0 += 16) {
+                float *sc = s + j * SPAN + c0; /* scores -> weights in place; -inf lanes -> 0 */
+                const __mmask16 live = (__mmask16)(n - c0 >= 16 ? 0xffffu : (1u << (n - c0)) - 1u);
+                const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(_mm512_load_ps(sc), mv)));
+                e_sum = _mm512_add_ps(e_sum, e);
+                _mm512_store_ps(sc, e);
             }
-            const __m512 s = _mm512_mul_ps(hsum16(d), scale); /* lane tt: token t0 + tt */
-            const float m_new = fmaxf(m[j], _mm512_mask_reduce_max_ps(live, s));
-            const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-            const __m512 alpha = exp_neg16(_mm512_set1_ps(m[j] - m_new)); /* 1 when unchanged */
-            for (int c = 0; c < C; c++) acc[j][c] = _mm512_mul_ps(acc[j][c], alpha);
-            sum[j] = _mm512_fmadd_ps(sum[j], alpha, e);
+            alpha[j] = m[j] == -INFINITY ? 0.0f : exp_neg(m[j] - m_new);
+            sum[j] = _mm512_fmadd_ps(sum[j], _mm512_set1_ps(alpha[j]), e_sum);
             m[j] = m_new;
-            _mm512_store_ps(p[j], e);
         }
-        for (int64_t tt = 0; tt < nt; tt++) {
-            __m512 v[C];
-            for (int c = 0; c < C; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * c);
-            for (int j = 0; j < G; j++) {
-                const __m512 pj = _mm512_set1_ps(p[j][tt]);
-                for (int c = 0; c < C; c++) acc[j][c] = _mm512_fmadd_ps(pj, v[c], acc[j][c]);
+        for (int64_t tt = 0; tt < n; tt++) vf[tt] = row_scale(J, J->v_scale, off[tt]);
+        for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
+            __m512 a[G][CB];
+            for (int j = 0; j < G; j++)
+                for (int c = 0; c < CB; c++)
+                    a[j][c] = _mm512_mul_ps(_mm512_set1_ps(alpha[j]), _mm512_load_ps(acc + j * hd + 16 * (cb + c)));
+            for (int64_t tt = 0; tt < n; tt++) {
+                __m512 v[CB];
+                for (int c = 0; c < CB; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * (cb + c));
+                for (int j = 0; j < G; j++) {
+                    const __m512 pj = _mm512_set1_ps(s[j * SPAN + tt] * vf[tt]);
+                    for (int c = 0; c < CB; c++) a[j][c] = _mm512_fmadd_ps(pj, v[c], a[j][c]);
+                }
             }
+            for (int j = 0; j < G; j++)
+                for (int c = 0; c < CB; c++) _mm512_store_ps(acc + j * hd + 16 * (cb + c), a[j][c]);
         }
     }
     for (int j = 0; j < G; j++) {
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[j]));
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + j * hd + 16 * c, _mm512_mul_ps(acc[j][c], inv));
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + j * hd + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + j * hd + 16 * c), inv));
     }
 }
 
@@ -216,14 +313,14 @@ static void one_item(const Job *J, int64_t item, float *scores, float *row) {
     const int64_t head_base = h * J->num_blocks * J->bs * hd;
     for (int64_t t = 0; t < L; t++) {
         const int64_t off = head_base + (table[t / J->bs] * J->bs + t % J->bs) * hd;
-        const float *kt = load_row(J->k, J->dtype, off, hd, row);
+        const float *kt = load_row(J, J->k, J->k_scale, off, row);
         for (int64_t j = 0; j < g; j++) scores[j * L + t] = dot(q + j * hd, kt, hd) * J->scale;
     }
     softmax_rows(scores, g, L);
     memset(o, 0, g * hd * sizeof(float));
     for (int64_t t = 0; t < L; t++) {
         const int64_t off = head_base + (table[t / J->bs] * J->bs + t % J->bs) * hd;
-        const float *vt = load_row(J->v, J->dtype, off, hd, row);
+        const float *vt = load_row(J, J->v, J->v_scale, off, row);
         for (int64_t j = 0; j < g; j++) {
             const float p = scores[j * L + t];
             float *oj = o + j * hd;
@@ -234,13 +331,14 @@ static void one_item(const Job *J, int64_t item, float *scores, float *row) {
 
 /* Returns 0 on success. Parallel over (row, kv head) pairs with OpenMP: loaded after torch, the
  * library binds to torch's own libgomp (same soname), so it shares torch's thread pool. */
-int paged_decode(const float *q, const void *k, const void *v, int dtype, const int64_t *tables,
+int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k_scale,
+                 const uint16_t *v_scale, int dtype, const int64_t *tables,
                  int64_t table_stride, const int64_t *ctx_lens, int64_t b, int64_t nh,
                  int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs, float scale,
                  float *out, int threads) {
     int64_t max_ctx = 1;
     for (int64_t r = 0; r < b; r++) max_ctx = ctx_lens[r] > max_ctx ? ctx_lens[r] : max_ctx;
-    const Job J = {q, k, v, dtype, tables, table_stride, ctx_lens, b, nh, nkv, hd,
+    const Job J = {q, k, v, k_scale, v_scale, dtype, tables, table_stride, ctx_lens, b, nh, nkv, hd,
                    num_blocks, bs, max_ctx, scale, out};
     const int64_t g = nh / nkv, items = b * nkv;
     int failed = 0;
