@@ -26,7 +26,7 @@ class ModelConfig(_Strict):
     revision: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"
-    kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
+    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "int8", "fp8"] = "auto"
     max_model_len: int = Field(2048, ge=16)
     trust_remote_code: bool = False
     allow_pickle: bool = False

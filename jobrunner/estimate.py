@@ -175,11 +175,7 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
     n = sum(_safetensors_params(f) for f in where.glob("*.safetensors")) if where.is_dir() else 0
     if not n:
         n = _config_params(where)
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2)
-    if cfg.model.dtype == "auto" and detect_device().kind == "cpu":
-        from jobrunner.engine.loader import cpu_has_amx
-
-        dtype_bytes = 2 if cpu_has_amx() else 4
+    dtype_bytes = compute_dtype_bytes(cfg)
     if cfg.model.quantization in ("int8", "fp8"):
         dtype_bytes = 1
     elif cfg.model.quantization == "int4":
@@ -187,18 +183,32 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
     return n, dtype_bytes
 
 
-def kv_bytes_per_token(cfg: JobConfig) -> int:
-    """KV-cache bytes one token of context takes (keys and values, every layer), from config."""
-    from jobrunner.engine.loader import _local_dir_or_gguf
+def compute_dtype_bytes(cfg: JobConfig) -> int:
+    """Bytes of one activation (and KV-cache value, under kv_cache_dtype: auto)."""
+    if cfg.model.dtype == "auto" and detect_device().kind == "cpu":
+        from jobrunner.engine.loader import cpu_has_amx
 
+        return 2 if cpu_has_amx() else 4
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2)
+
+
+def kv_bytes_per_token(cfg: JobConfig) -> int:
+    """KV-cache bytes one token of context takes (keys and values, every layer), from config:
+    the model's dtype, or model.kv_cache_dtype (16 bits; 8-bit codes plus a scale per head)."""
+    import torch
+
+    from jobrunner.engine.loader import _local_dir_or_gguf
+    from jobrunner.engine.paged.kv_cache import kv_bytes_per_token as cache_bytes
+
+    dtype = {4: torch.float32, 2: torch.bfloat16}[compute_dtype_bytes(cfg)]
     try:
         c = _hf_config(Path(_local_dir_or_gguf(cfg.model)))
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
-        return 2 * c.num_hidden_layers * kv_heads * head_dim * model_size(cfg)[1]
     except Exception:  # an architecture without these fields: no context term
         return 0
+    return cache_bytes(c.num_hidden_layers, kv_heads, head_dim, dtype, cfg.model.kv_cache_dtype)
 
 
 def _hf_config(where: Path):

@@ -3,6 +3,8 @@
 Workloads
   a  mixed-length prompts, EOS honoured, max_new_tokens 256
   b  the same prompts, ignore_eos, 64 new tokens
+     (a) and (b) also run paged with a float16 and an int8 KV cache (--kv-cache-dtypes), with
+     how many tokens stay equal to the run in the model's dtype
   c  short questions behind one long shared system prompt, 64 new tokens, ignore_eos:
      paged with prefix caching on vs off
   d  a whole job (default 512 rows, 64 new tokens, EOS honoured), process start to exit:
@@ -133,13 +135,16 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
     return len(row)
 
 
-def run_engine(kind: str, loaded, reqs, **engine) -> tuple[int, float, object, list]:
+def run_engine(
+    kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
+) -> tuple[int, float, object, list]:
     """(generated tokens, seconds, engine stats, each row's token ids in request order)."""
     import jobrunner.engine.paged  # noqa: F401  (registers)
     from jobrunner.engine.base import ENGINES
 
     cfg = JobConfig()
     cfg.model.max_model_len = 4096  # the longest prompts (2,700 tokens) plus 256 new ones
+    cfg.model.kv_cache_dtype = kv_cache_dtype
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
     eng = ENGINES[kind](loaded, cfg)
@@ -207,6 +212,9 @@ def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None
         table.add(
             w, "jobrunner paged", tok, s, f"busy {st.busy_fraction:.0%}, preempt {st.preemptions}"
         )
+        for kv in args.kv_cache_dtypes:
+            tok, s, _, got = run_engine("paged", loaded, reqs, kv, **args.paged)
+            table.add(w, f"jobrunner paged, {kv} KV cache", tok, s, _same_tokens(ours, got))
         if args.vllm_python:
             work = {"prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
             got = run_vllm(loaded, args, work)
@@ -259,6 +267,15 @@ def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
     n = len(theirs[0]) if theirs else 0
     same = sum(a[:n] == b[: len(a[:n])] for a, b in zip(ours, theirs, strict=True))
     return f"first {n} tokens equal ours on {same}/{len(theirs)} rows"
+
+
+def _same_tokens(ours: list[list[int]], got: list[list[int]]) -> str:
+    """How close a run with a smaller KV cache stays to the run in the model's dtype."""
+    from jobrunner.engine.quant.quality import exact_prefix
+
+    rows = sum(a == b for a, b in zip(ours, got, strict=True))
+    share = exact_prefix(ours, got, max(map(len, ours)))
+    return f"{rows}/{len(ours)} rows identical, {share:.1%} of tokens in place"
 
 
 def _startup(got: dict) -> str:
@@ -377,6 +394,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-batch-tokens", type=int, default=4096)
+    p.add_argument(
+        "--kv-cache-dtypes",
+        default="float16,int8",
+        help="(a), (b): paged runs again with these model.kv_cache_dtype values ('' for none)",
+    )
     args = p.parse_args()
     args.single_rows = 1 if args.quick else 4
     args.max_prompt_tokens = (
@@ -388,6 +410,7 @@ def main() -> None:
     args.job_batch_sizes = _sizes(args.job_batch_sizes) or ((16,) if args.quick else (16, 32))
     args.job_max_prompt_tokens = args.job_max_prompt_tokens or args.max_prompt_tokens
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
+    args.kv_cache_dtypes = [kv for kv in args.kv_cache_dtypes.split(",") if kv]
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))
     args.vllm_dtype = args.vllm_dtype or str(loaded.dtype).removeprefix("torch.")

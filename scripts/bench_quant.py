@@ -1,7 +1,7 @@
 """Quantization benchmark: tokens/s, weight memory and agreement, per format, in one process.
 
 CPU section (the built-in SmolLM2-135M, the job's dtype `auto`): none / int8 / int4 weights,
-and an int8 / fp8 KV cache, through the paged engine on the sample questions. Agreement is
+and a float16 / int8 / fp8 KV cache, through the paged engine on the sample questions. Agreement is
 measured against the unquantized run: `agree` is the share of its greedy tokens the quantized
 model also ranks first (teacher-forced), `exact` the share of the first K generated tokens that
 are equal position by position (free-running), `kv blocks` the blocks a fixed 64 MiB KV budget
@@ -30,8 +30,8 @@ from jobrunner.types import Request, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 KV_BUDGET = 64 << 20
-CPU_MODES = [("none", "auto"), ("int8", "auto"), ("int4", "auto"), ("none", "int8"),
-             ("none", "fp8"), ("int8", "int8")]
+CPU_MODES = [("none", "auto"), ("int8", "auto"), ("int4", "auto"), ("none", "float16"),
+             ("none", "int8"), ("none", "fp8"), ("int8", "int8")]
 GPU_MODES = [("none", "auto"), ("fp8", "auto"), ("int8", "auto"), ("fp8", "fp8")]
 
 

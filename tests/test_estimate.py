@@ -88,3 +88,18 @@ def test_calibration_measures_lengths_and_speed_with_the_real_model(job):
     assert est["throughput"]["source"].startswith("calibrated: 2 sampled rows")
     assert 0 < est["completion_tokens"] <= est["completion_tokens_max"]
     assert est["throughput"]["load_s"] > 0
+
+
+@pytest.mark.parametrize(("model", "want"), [
+    ({"dtype": "float32"}, 46080),  # 30 layers x 3 KV heads x 64 x (K, V) x 4 bytes
+    ({"dtype": "float32", "quantization": "int8"}, 46080),  # int8 weights: the cache stays
+    ({"dtype": "float32", "kv_cache_dtype": "float16"}, 23040),
+    ({"dtype": "bfloat16", "kv_cache_dtype": "int8"}, 11880),  # 64 codes + a 2-byte scale
+])
+def test_kv_bytes_per_token_follow_the_cache_format_not_the_weights(model, want):
+    from jobrunner.estimate import kv_bytes_per_token
+
+    cfg = JobConfig()
+    for k, v in model.items():
+        setattr(cfg.model, k, v)
+    assert kv_bytes_per_token(cfg) == want

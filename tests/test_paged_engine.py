@@ -162,6 +162,29 @@ def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
     assert_matches(remapped, reference, rows)
 
 
+@pytest.mark.parametrize(("kv", "bytes_per_token", "min_same"), [("float16", 23040, 0.95),
+                                                                  ("int8", 11880, 0.75)])
+def test_a_smaller_kv_cache_is_read_by_the_kernel_and_stays_close_to_hf(
+    loaded, prompts, reference, kv, bytes_per_token, min_same
+):
+    """model.kv_cache_dtype under a float32 model: the cache shrinks (46,080 bytes a token in
+    float32), decode attention still reads it in place, and greedy tokens stay close to HF's
+    (position by position; the float32 cache equals them exactly)."""
+    from jobrunner.engine.quant.quality import exact_prefix
+
+    cfg = JobConfig()
+    cfg.model.kv_cache_dtype = kv
+    cfg.engine.kv_cache_bytes = 256 << 20
+    from jobrunner.engine.paged import PagedEngine
+
+    engine = PagedEngine(loaded, cfg)
+    assert engine.runner.decode_kernel and engine.stats.kv_bytes_per_token == bytes_per_token
+    results = run(engine, requests(prompts))
+    got = [results[str(i)].token_ids for i in range(len(prompts))]
+    assert sum(g[0] == r[0] for g, r in zip(got, reference, strict=True)) >= len(prompts) - 1
+    assert exact_prefix(reference, got, MAX_NEW) >= min_same
+
+
 def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypatch):
     monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", "2,3")
     engine = make_engine(loaded, 256 << 20)

@@ -46,7 +46,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    kernel_writes: bool = False  # the caches are plain CPU tensors the native kernels handle
+    kernel_writes: bool = False  # the caches are CPU caches the native kernels handle
 
 
 def group_by_length(
@@ -91,18 +91,19 @@ def _write(cache, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
     if not isinstance(cache, torch.Tensor):
         return cache.write(slot_mapping, x)
     nkv, _, _, hd = cache.shape
-    cache.view(nkv, -1, hd).index_copy_(1, slot_mapping, x.transpose(0, 1))
+    cache.view(nkv, -1, hd).index_copy_(1, slot_mapping, x.transpose(0, 1).to(cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """(nkv, num_blocks, bs, hd)[block_ids (..., nb)] -> (..., nkv, nb * bs, hd), one copy."""
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(nkv, num_blocks, bs, hd)[block_ids (..., nb)] -> (..., nkv, nb * bs, hd) in `dtype` (the
+    compute dtype, which a 16-bit cache under a float32 model is converted to), one copy."""
     if not isinstance(cache, torch.Tensor):  # quantized: dequantized to the compute dtype
         return cache.gather(block_ids)
     nkv, _, bs, hd = cache.shape
     *lead, nb = block_ids.shape
     # index_select on the flat ids is several times cheaper than advanced indexing on dim 1
     g = torch.index_select(cache, 1, block_ids.reshape(-1))  # (nkv, prod(lead) * nb, bs, hd)
-    g = g.view(nkv, *lead, nb * bs, hd)
+    g = g.view(nkv, *lead, nb * bs, hd).to(dtype)
     return g.movedim(0, -3)  # (..., nkv, nb * bs, hd): a view
 
 
@@ -112,8 +113,8 @@ def _decode(q, k_cache, v_cache, g: DecodeGroup, scale: float) -> torch.Tensor:
     b, nh, hd = q.shape
     nkv = k_cache.shape[0]
     qg = q.view(b, nkv, nh // nkv, hd)  # (b, nkv, group, hd): query heads of one KV head
-    kg = _gather(k_cache, g.block_tables)  # (b, nkv, L, hd)
-    vg = _gather(v_cache, g.block_tables)
+    kg = _gather(k_cache, g.block_tables, q.dtype)  # (b, nkv, L, hd)
+    vg = _gather(v_cache, g.block_tables, q.dtype)
     g.mask = _additive(g.mask, q.dtype)
     o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
     return o.reshape(b, nh, hd)
@@ -129,8 +130,8 @@ def _prefill(q, k, v, k_cache, v_cache, p: PrefillChunk, scale: float) -> torch.
         kp = k[p.start : p.end].transpose(0, 1)  # (nkv, n, hd)
         vp = v[p.start : p.end].transpose(0, 1)
     else:
-        kp = _gather(k_cache, p.block_ids)[:, : p.context_len]  # (nkv, L, hd)
-        vp = _gather(v_cache, p.block_ids)[:, : p.context_len]
+        kp = _gather(k_cache, p.block_ids, q.dtype)[:, : p.context_len]  # (nkv, L, hd)
+        vp = _gather(v_cache, p.block_ids, q.dtype)[:, : p.context_len]
     p.mask = _additive(p.mask, q.dtype)
     o = F.scaled_dot_product_attention(
         qp,
@@ -155,8 +156,8 @@ def _prefill_split(qp, k_new, v_new, k_cache, v_cache, p: PrefillChunk, scale: f
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     # unmasked, so the query heads of one KV head can share it as one longer query (no K/V copy)
     q_fold = qp.reshape(1, nkv, nh // nkv * n, hd)
-    k_past = _gather(k_cache, p.block_ids)[:, :past].unsqueeze(0)  # (1, nkv, past, hd)
-    v_past = _gather(v_cache, p.block_ids)[:, :past].unsqueeze(0)
+    k_past = _gather(k_cache, p.block_ids, qp.dtype)[:, :past].unsqueeze(0)  # (1, nkv, past, hd)
+    v_past = _gather(v_cache, p.block_ids, qp.dtype)[:, :past].unsqueeze(0)
     o1, lse1 = flash(q_fold, k_past, v_past, 0.0, False, scale=scale)
     k_own = k_new.transpose(0, 1).repeat_interleave(nh // nkv, dim=0).unsqueeze(0)  # (1, nh, n, hd)
     v_own = v_new.transpose(0, 1).repeat_interleave(nh // nkv, dim=0).unsqueeze(0)

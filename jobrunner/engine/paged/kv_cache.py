@@ -1,5 +1,9 @@
 """The KV cache: per layer a K and a V tensor of shape (nkv, num_blocks, block_size, hd).
 
+Stored in the model's dtype (`model.kv_cache_dtype: auto`), in 16 bits (`float16`, `bfloat16`:
+half the memory of a float32 model's cache, attention still computes in the model's dtype), or
+in 8 bits with a scale per token and head (`int8`, `fp8`: engine/quant/kv.py).
+
 Sized from `engine.kv_cache_bytes` when given, else from free memory x `memory_fraction`
 (on CPU half of that, at most CPU_MAX_BYTES, and no more than max_num_seqs full-length
 sequences could ever use).
@@ -18,6 +22,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CPU_MAX_BYTES = 4 << 30
+HALF_FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -31,10 +36,11 @@ class KVCache:
 def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_format: str = "auto"
 ) -> int:
-    if kv_format != "auto":  # int8 | fp8: codes + scales (engine/quant/kv.py)
+    if kv_format not in ("auto", *HALF_FORMATS):  # int8 | fp8: codes + scales
         from jobrunner.engine.quant.kv import kv_bytes_per_token as quantized
 
         return quantized(num_layers, num_kv_heads, head_dim, kv_format)
+    dtype = HALF_FORMATS.get(kv_format, dtype)
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
@@ -77,16 +83,17 @@ def allocate_kv_cache(
     kv_format: str = "auto",
 ) -> KVCache:
     shape = (num_kv_heads, num_blocks, block_size, head_dim)
-    if kv_format != "auto":
+    if kv_format not in ("auto", *HALF_FORMATS):
         from jobrunner.engine.quant.kv import allocate
 
         layers = allocate(num_layers, shape, kv_format, dtype, device)
     else:
         from jobrunner.engine.paged import cpu_kernels
 
-        new = torch.empty if cpu_kernels.decode_supported(dtype, device) else torch.zeros
+        stored = HALF_FORMATS.get(kv_format, dtype)
+        new = torch.empty if cpu_kernels.decode_supported(stored, device) else torch.zeros
         layers = [
-            (new(shape, dtype=dtype, device=device), new(shape, dtype=dtype, device=device))
+            (new(shape, dtype=stored, device=device), new(shape, dtype=stored, device=device))
             for _ in range(num_layers)
         ]
     per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_format)
