@@ -275,6 +275,21 @@ def test_quality_gate_fails_the_job_above_what_the_model_achieves(base, tmp_path
 
 
 @pytest.mark.slow
+def test_a_kv_only_format_gets_its_quality_measured(base, tmp_path):
+    """Weights untouched, so they agree fully; exact_prefix is what the 8-bit cache costs."""
+    from jobrunner.engine.quant.apply import prepare_weights
+
+    write_input(tmp_path)
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.format(quant="none", dir=tmp_path, new=NEW, kv=KV_BUDGET))
+    cfg = load_job(job)
+    cfg.model.kv_cache_dtype = "int8"
+    measured = prepare_weights(fresh(base), cfg)["quality"]
+    assert measured["rows"] == 3 and measured["agreement"] == 1.0
+    assert 0.0 < measured["exact_prefix"] <= 1.0
+
+
+@pytest.mark.slow
 def test_quantize_check_writes_a_plan_the_job_accepts(tmp_path):
     from jobrunner.cli import app
 
