@@ -185,6 +185,28 @@ def test_a_smaller_kv_cache_is_read_by_the_kernel_and_stays_close_to_hf(
     assert exact_prefix(reference, got, MAX_NEW) >= min_same
 
 
+def test_the_real_model_runs_the_one_pass_norm_and_gated_silu(loaded, prompts, monkeypatch):
+    """The model's own modules (transformers' SiLUActivation, LlamaRMSNorm) take the native
+    one-pass kernels, not the torch fallbacks they are checked against."""
+    from jobrunner.engine.paged import cpu_kernels
+    from jobrunner.engine.paged import model as paged_model
+
+    calls = {"silu_mul": 0, "rms_norm": 0}
+    for name in calls:
+        real = getattr(cpu_kernels, name)
+
+        def spy(*args, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(cpu_kernels, name, spy)
+    monkeypatch.setattr(paged_model.F, "silu", lambda *a, **k: pytest.fail("torch SiLU ran"))
+    engine = make_engine(loaded, 64 << 20)
+    run(engine, requests(prompts[:2]))
+    layers = len(engine.model.layers)
+    assert calls["silu_mul"] >= 2 * layers and calls["rms_norm"] >= 4 * layers, calls
+
+
 def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypatch):
     monkeypatch.setenv("JOBRUNNER_FAULT_OOM_STEPS", "2,3")
     engine = make_engine(loaded, 256 << 20)

@@ -49,6 +49,7 @@ def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+SILUS = ("SiLU", "SiLUActivation")  # torch's, and what transformers 5 builds for `silu`
 
 
 def _tiles(h: torch.Tensor, tile: int | None) -> list[torch.Tensor]:
@@ -116,7 +117,7 @@ class PagedCausalLM:
         if fused is None:
             return mlp(x)
         gate, up = fused.split(self.gate_up[i][3], dim=-1)
-        if isinstance(mlp.act_fn, nn.SiLU):
+        if type(mlp.act_fn).__name__ in SILUS:
             if gate.shape == up.shape and cpu_kernels.rows_supported(fused):
                 return self._linear(mlp.down_proj, cpu_kernels.silu_mul(fused))  # one pass
             # in place: no extra (T, intermediate) tensors
