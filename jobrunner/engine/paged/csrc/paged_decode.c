@@ -67,7 +67,8 @@ static inline const float *load_row(const Job *J, const void *base, const uint16
         }
         break;
     case F16:
-        for (int64_t i = 0; i < hd; i++) dst[i] = half_to_float(((const uint16_t *)base)[offset + i]);
+        for (int64_t i = 0; i < hd; i++)
+            dst[i] = half_to_float(((const uint16_t *)base)[offset + i]);
         break;
     case I8: {
         const float s = half_to_float(scales[offset / hd]);
@@ -116,13 +117,13 @@ enum { SPAN = 64 }; /* tokens per online-softmax update */
  * codes come out 2^-8 times their value, see fp8_as_half). */
 static inline __m512 load16(const void *base, int dtype, int64_t offset) {
     if (dtype == F32) return _mm512_loadu_ps((const float *)base + offset);
-    if (dtype == I8)
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + offset))));
-    if (dtype == FP8) {
-        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)base + offset)));
-        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
-                                          _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
-        return _mm512_cvtph_ps(h);
+    if (dtype == I8 || dtype == FP8) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)((const uint8_t *)base + offset));
+        if (dtype == I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+        const __m256i b = _mm256_cvtepu8_epi16(bytes); /* fp8_as_half, 16 lanes */
+        const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+        const __m256i rest = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
+        return _mm512_cvtph_ps(_mm256_or_si256(sign, rest));
     }
     const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + offset));
     if (dtype == BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
@@ -166,7 +167,8 @@ static inline void span_offsets(const int64_t *table, int64_t bs, int64_t hd, in
 }
 
 /* Blocks are scattered runs of a few KiB that the hardware prefetcher does not follow, so the
- * next span's K and V rows are requested while this one computes. */
+ * next 16 tokens' K and V rows are requested while the current ones compute. Inlined on purpose:
+ * as a call it overlapped nothing (84 against 67 ms a step, 52 rows of 540 tokens, 30 layers). */
 static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, const int64_t *off,
                                                                 int64_t n) {
     const int64_t width = elem_bytes(J->dtype), lines = (J->hd * width + 63) / 64;
@@ -193,8 +195,10 @@ static inline __attribute__((always_inline)) void scores16(const Job *J, const f
             continue;
         }
         const __m512 f = _mm512_set1_ps(row_scale(J, J->k_scale, off[tt]));
-        for (int c = 0; c < C; c++)
-            _mm512_store_ps(kbuf + tt * hd + 16 * c, _mm512_mul_ps(f, load16(J->k, J->dtype, off[tt] + 16 * c)));
+        for (int c = 0; c < C; c++) {
+            const __m512 x = load16(J->k, J->dtype, off[tt] + 16 * c);
+            _mm512_store_ps(kbuf + tt * hd + 16 * c, _mm512_mul_ps(f, x));
+        }
         krow[tt] = kbuf + tt * hd;
     }
     const __mmask16 live = (__mmask16)((1u << nt) - 1u);
@@ -203,7 +207,8 @@ static inline __attribute__((always_inline)) void scores16(const Job *J, const f
         for (int c = 0; c < C; c++) qj[c] = _mm512_loadu_ps(q + j * hd + 16 * c);
         for (int tt = 0; tt < 16; tt++) {
             d[tt] = _mm512_mul_ps(qj[0], _mm512_loadu_ps(krow[tt]));
-            for (int c = 1; c < C; c++) d[tt] = _mm512_fmadd_ps(qj[c], _mm512_loadu_ps(krow[tt] + 16 * c), d[tt]);
+            for (int c = 1; c < C; c++)
+                d[tt] = _mm512_fmadd_ps(qj[c], _mm512_loadu_ps(krow[tt] + 16 * c), d[tt]);
         }
         const __m512 sj = _mm512_mul_ps(hsum16(d), _mm512_set1_ps(J->scale));
         _mm512_store_ps(s + j * SPAN, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, sj));
@@ -246,14 +251,16 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
         }
         for (int j = 0; j < G; j++) { /* the online softmax update over this span */
             __m512 mx = _mm512_load_ps(s + j * SPAN);
-            for (int64_t c0 = 16; c0 < n; c0 += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(s + j * SPAN + c0));
+            for (int64_t c0 = 16; c0 < n; c0 += 16)
+                mx = _mm512_max_ps(mx, _mm512_load_ps(s + j * SPAN + c0));
             const float m_new = fmaxf(m[j], _mm512_reduce_max_ps(mx));
             const __m512 mv = _mm512_set1_ps(m_new);
             __m512 e_sum = _mm512_setzero_ps();
             for (int64_t c0 = 0; c0 < n; c0 += 16) {
                 float *sc = s + j * SPAN + c0; /* scores -> weights in place; -inf lanes -> 0 */
                 const __mmask16 live = (__mmask16)(n - c0 >= 16 ? 0xffffu : (1u << (n - c0)) - 1u);
-                const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(_mm512_load_ps(sc), mv)));
+                const __m512 x = _mm512_sub_ps(_mm512_load_ps(sc), mv);
+                const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(x));
                 e_sum = _mm512_add_ps(e_sum, e);
                 _mm512_store_ps(sc, e);
             }
@@ -265,8 +272,10 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
         for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
             __m512 a[G][CB];
             for (int j = 0; j < G; j++)
-                for (int c = 0; c < CB; c++)
-                    a[j][c] = _mm512_mul_ps(_mm512_set1_ps(alpha[j]), _mm512_load_ps(acc + j * hd + 16 * (cb + c)));
+                for (int c = 0; c < CB; c++) {
+                    const __m512 prev = _mm512_load_ps(acc + j * hd + 16 * (cb + c));
+                    a[j][c] = _mm512_mul_ps(_mm512_set1_ps(alpha[j]), prev);
+                }
             for (int64_t tt = 0; tt < n; tt++) {
                 __m512 v[CB];
                 for (int c = 0; c < CB; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * (cb + c));
@@ -281,7 +290,8 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
     }
     for (int j = 0; j < G; j++) {
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[j]));
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + j * hd + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + j * hd + 16 * c), inv));
+        for (int c = 0; c < C; c++)
+            _mm512_storeu_ps(o + j * hd + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + j * hd + 16 * c), inv));
     }
 }
 
@@ -338,8 +348,8 @@ int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k
                  float *out, int threads) {
     int64_t max_ctx = 1;
     for (int64_t r = 0; r < b; r++) max_ctx = ctx_lens[r] > max_ctx ? ctx_lens[r] : max_ctx;
-    const Job J = {q, k, v, k_scale, v_scale, dtype, tables, table_stride, ctx_lens, b, nh, nkv, hd,
-                   num_blocks, bs, max_ctx, scale, out};
+    const Job J = {q, k, v, k_scale, v_scale, dtype, tables, table_stride, ctx_lens, b, nh, nkv,
+                   hd, num_blocks, bs, max_ctx, scale, out};
     const int64_t g = nh / nkv, items = b * nkv;
     int failed = 0;
 #pragma omp parallel num_threads(threads < 1 ? 1 : threads) reduction(| : failed)
