@@ -16,8 +16,11 @@ import typer
 
 from jobrunner import errors
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Offline batch LLM inference: a job file in, completions and a cost report out.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Offline batch LLM inference: a job file in, completions and a cost report out.",
+)
 log = logging.getLogger("jobrunner")
 
 JobArg = Annotated[Path, typer.Argument(help="the job file (YAML)")]
@@ -25,8 +28,11 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a key:
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for noisy in ("transformers", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,7 +44,9 @@ def _setup_logging(verbose: bool) -> None:
 def _fail(e: BaseException) -> None:
     if isinstance(e, errors.JobError):
         typer.echo(f"error: {e}", err=True)
-        _print_summary({"status": "error", "exit_code": e.exit_code, "error": str(e).splitlines()[0]})
+        _print_summary(
+            {"status": "error", "exit_code": e.exit_code, "error": str(e).splitlines()[0]}
+        )
         raise typer.Exit(e.exit_code)
     log.exception("internal error")
     _print_summary({"status": "error", "exit_code": errors.EXIT_INTERNAL, "error": repr(e)})
@@ -51,13 +59,18 @@ def _print_summary(summary: dict) -> None:
 
 
 @app.command()
-def run(job: JobArg, set_: SetOpt = None,
-        restart: Annotated[bool, typer.Option(help="discard earlier results in output.path")] = False,
-        retry_errors: Annotated[bool, typer.Option(help="rerun only the rows that failed")] = False,
-        executor: Annotated[str | None, typer.Option(help="local | ray")] = None,
-        pushgateway: Annotated[str | None, typer.Option(
-            help="push the job's metrics to this Prometheus Pushgateway at the end")] = None,
-        verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+def run(
+    job: JobArg,
+    set_: SetOpt = None,
+    restart: Annotated[bool, typer.Option(help="discard earlier results in output.path")] = False,
+    retry_errors: Annotated[bool, typer.Option(help="rerun only the rows that failed")] = False,
+    executor: Annotated[str | None, typer.Option(help="local | ray")] = None,
+    pushgateway: Annotated[
+        str | None,
+        typer.Option(help="push the job's metrics to this Prometheus Pushgateway at the end"),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
     """Run a job: every input row gets a completion; resumes where an earlier run stopped."""
     _setup_logging(verbose)
     try:
@@ -90,11 +103,17 @@ def _push(run_dir: str, url: str) -> None:
 
 
 @app.command()
-def estimate(job: JobArg, set_: SetOpt = None,
-             calibrate: Annotated[int, typer.Option(
-                 help="generate N sampled rows with the real model to measure lengths and speed",
-                 min=0)] = 0,
-             verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+def estimate(
+    job: JobArg,
+    set_: SetOpt = None,
+    calibrate: Annotated[
+        int,
+        typer.Option(
+            help="generate N sampled rows with the real model to measure lengths and speed", min=0
+        ),
+    ] = 0,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
     """Predict rows, tokens, time and cost before running (no weights unless --calibrate)."""
     _setup_logging(verbose)
     try:
@@ -108,14 +127,24 @@ def estimate(job: JobArg, set_: SetOpt = None,
         _fail(e)
         return
     typer.echo(to_text(est), err=True)
-    _print_summary({"status": "ok", "estimate": str(path),
-                    **{k: est[k] for k in ("rows", "prompt_tokens", "completion_tokens",
-                                           "wall_seconds", "cost_usd")}})
+    _print_summary(
+        {
+            "status": "ok",
+            "estimate": str(path),
+            **{
+                k: est[k]
+                for k in ("rows", "prompt_tokens", "completion_tokens", "wall_seconds", "cost_usd")
+            },
+        }
+    )
 
 
 @app.command()
-def validate(job: JobArg, set_: SetOpt = None,
-             verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+def validate(
+    job: JobArg,
+    set_: SetOpt = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
     """Check the job and its input (schema, prompts, token counts) without loading weights."""
     _setup_logging(verbose)
     try:
@@ -131,7 +160,9 @@ def validate(job: JobArg, set_: SetOpt = None,
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="the run directory (output.path)")]) -> None:
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="the run directory (output.path)")],
+) -> None:
     """Rebuild every report from a run directory, without a model or a GPU."""
     _setup_logging(False)
     try:
@@ -140,26 +171,44 @@ def report(run_dir: Annotated[Path, typer.Argument(help="the run directory (outp
 
         rundir = RunDir(run_dir)
         if rundir.load_manifest() is None:
-            raise errors.JobError(f"{run_dir}: no manifest.json; is this a jobrunner run directory?")
+            raise errors.JobError(
+                f"{run_dir}: no manifest.json; is this a jobrunner run directory?"
+            )
         rep = write_reports(rundir)
     except Exception as e:
         _fail(e)
         return
     typer.echo((run_dir / "report.md").read_text(), err=True)
-    _print_summary({"status": "ok", "output": str(run_dir), "rows": rep["rows"],
-                    "cost_usd": rep["cost"]["cost_usd"]})
+    _print_summary(
+        {
+            "status": "ok",
+            "output": str(run_dir),
+            "rows": rep["rows"],
+            "cost_usd": rep["cost"]["cost_usd"],
+        }
+    )
 
 
 @app.command("quantize-check")
 def quantize_check(
-        job: JobArg, set_: SetOpt = None,
-        sample: Annotated[int, typer.Option("--sample", min=1, help="prompts sampled from the input")] = 8,
-        quantization: Annotated[str | None, typer.Option(
-            help="int8 | int4 | fp8 (default: the job's model.quantization, else int8)")] = None,
-        write: Annotated[Path | None, typer.Option(
+    job: JobArg,
+    set_: SetOpt = None,
+    sample: Annotated[
+        int, typer.Option("--sample", min=1, help="prompts sampled from the input")
+    ] = 8,
+    quantization: Annotated[
+        str | None,
+        typer.Option(help="int8 | int4 | fp8 (default: the job's model.quantization, else int8)"),
+    ] = None,
+    write: Annotated[
+        Path | None,
+        typer.Option(
             help="write the job with the plan as model.keep_in_16bit to this path (may be the"
-                 " job file itself; YAML comments are not kept)")] = None,
-        verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+            " job file itself; YAML comments are not kept)"
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
     """Measure each linear layer's quantization error on sampled prompts; propose 16-bit layers."""
     _setup_logging(verbose)
     try:

@@ -38,8 +38,10 @@ class ModelConfig(_Strict):
     @model_validator(mode="after")
     def _gate_has_rows(self) -> ModelConfig:
         if self.quality_min_agreement is not None and not self.quality_check:
-            raise ValueError("quality_min_agreement needs quality_check: N, the number of sampled"
-                             " rows to measure the agreement on (e.g. 16)")
+            raise ValueError(
+                "quality_min_agreement needs quality_check: N, the number of sampled"
+                " rows to measure the agreement on (e.g. 16)"
+            )
         return self
 
 
@@ -113,7 +115,9 @@ class RayConfig(_Strict):
 
     address: str | None = None  # null: $RAY_ADDRESS, else a local cluster on this machine
     num_workers: int | None = Field(None, ge=1)  # null: one per GPU (CPU-only: per cpus_per_worker)
-    cpus_per_worker: float = Field(1.0, gt=0)  # CPU cores per worker (CPU-only clusters: its threads)
+    cpus_per_worker: float = Field(
+        1.0, gt=0
+    )  # CPU cores per worker (CPU-only clusters: its threads)
     block_rows: int = Field(256, ge=1)  # rows per block: the unit of work, retry and commit
 
 
@@ -135,12 +139,25 @@ class JobConfig(_Strict):
         """What makes two runs 'the same job' (resume refuses a different one)."""
         return {
             "model": self.model.model_dump(
-                include={"source", "revision", "dtype", "quantization", "kv_cache_dtype",
-                         "max_model_len", "keep_in_16bit"}
+                include={
+                    "source",
+                    "revision",
+                    "dtype",
+                    "quantization",
+                    "kv_cache_dtype",
+                    "max_model_len",
+                    "keep_in_16bit",
+                }
             ),
             "prompt": self.input.model_dump(
-                include={"format", "id_column", "prompt", "system_prompt", "use_chat_template",
-                         "on_too_long"}
+                include={
+                    "format",
+                    "id_column",
+                    "prompt",
+                    "system_prompt",
+                    "use_chat_template",
+                    "on_too_long",
+                }
             ),
             "generation": self.generation.model_dump(),
         }
@@ -241,7 +258,10 @@ def _humanize(e: dict) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}, got {e.get('input')!r}"
     for op, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-        if kind == f"{'greater' if op[0] == 'g' else 'less'}_than{'_equal' if op[1] == 'e' else ''}":
+        if (
+            kind
+            == f"{'greater' if op[0] == 'g' else 'less'}_than{'_equal' if op[1] == 'e' else ''}"
+        ):
             return f"must be {word} {ctx.get(op)}, got {e.get('input')!r}"
     msg = e["msg"]
     return msg.removeprefix("Value error, ")

@@ -70,8 +70,9 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
         computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks, add_to=wave)
         s.computed_prompt_tokens += computed
         wave_rows, wave_tokens = wave_rows + 1, wave_tokens + computed
-        if wave is not None and (wave_rows >= cfg.engine.max_num_seqs
-                                 or wave_tokens >= cfg.engine.max_batch_tokens):
+        if wave is not None and (
+            wave_rows >= cfg.engine.max_num_seqs or wave_tokens >= cfg.engine.max_batch_tokens
+        ):
             seen_blocks |= wave
             wave = None  # later rows are admitted as others finish: they see what came before
         _reservoir(s.sample, item, len(s.unique_bounds), sample_size, rng)
@@ -90,7 +91,7 @@ def _cached(ids: list[int], cfg: JobConfig, seen: set[int], add_to: set[int] | N
         return 0
     bs, parent, hits, hitting = cfg.engine.block_size, None, 0, True
     for i in range(len(ids) // bs):
-        parent = hash((parent, tuple(ids[i * bs:(i + 1) * bs])))
+        parent = hash((parent, tuple(ids[i * bs : (i + 1) * bs])))
         if hitting and i < (len(ids) - 1) // bs and parent in seen:
             hits += bs
         else:
@@ -126,22 +127,34 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
         model = roofline_model(device, *model_size(cfg), kv_bytes_per_token(cfg))
         completions, expected = scan.unique_bounds, sum(scan.bounds)
         how = "upper bound: every row generates max_new_tokens (use --calibrate N to measure)"
-    forward = model.forward_seconds(scan.computed_prompt_tokens, completions,
-                                    cfg.engine.max_num_seqs, scan.unique_prompts)
+    forward = model.forward_seconds(
+        scan.computed_prompt_tokens, completions, cfg.engine.max_num_seqs, scan.unique_prompts
+    )
     wall = model.load_s + forward + OTHER_S_PER_ROW * scan.rows
     cost = wall * usd_per_hour / 3600
     tokens = scan.prompt_tokens + expected
     return {
-        "job": cfg.name, "model": cfg.model.source, "created_at": time.time(),
-        "rows": scan.rows, "valid_rows": scan.rows - scan.invalid, "invalid_rows": scan.invalid,
-        "deduplicated": scan.deduplicated, "prompt_tokens": scan.prompt_tokens,
+        "job": cfg.name,
+        "model": cfg.model.source,
+        "created_at": time.time(),
+        "rows": scan.rows,
+        "valid_rows": scan.rows - scan.invalid,
+        "invalid_rows": scan.invalid,
+        "deduplicated": scan.deduplicated,
+        "prompt_tokens": scan.prompt_tokens,
         "computed_prompt_tokens": scan.computed_prompt_tokens,
         "cached_tokens": scan.prompt_tokens - scan.computed_prompt_tokens,  # dedup + prefix cache
-        "completion_tokens": round(expected), "completion_tokens_max": sum(scan.bounds),
-        "completion_source": how, "wall_seconds": wall, "forward_seconds": forward,
-        "cost_usd": cost, "usd_per_hour": usd_per_hour, "price_source": price_source,
+        "completion_tokens": round(expected),
+        "completion_tokens_max": sum(scan.bounds),
+        "completion_source": how,
+        "wall_seconds": wall,
+        "forward_seconds": forward,
+        "cost_usd": cost,
+        "usd_per_hour": usd_per_hour,
+        "price_source": price_source,
         "usd_per_1m_tokens": cost / tokens * 1e6 if tokens else None,
-        "device": str(device), "throughput": {**model.to_json()},
+        "device": str(device),
+        "throughput": {**model.to_json()},
         "api_equivalent": api_equivalent(scan.prompt_tokens, round(expected), cost),
     }
 
@@ -161,7 +174,9 @@ def calibrate_run(cfg: JobConfig, sample: list[Any]) -> tuple[StepModel, float]:
     load_s = time.monotonic() - t0
     # Two batch sizes, so the fit can tell the fixed cost of a step from each sequence's share.
     cut = max(1, len(sample) // 3)
-    results = [r for part in (sample[:cut], sample[cut:]) if part for r in engine.generate(iter(part))]
+    results = [
+        r for part in (sample[:cut], sample[cut:]) if part for r in engine.generate(iter(part))
+    ]
     ok = [r.usage.completion_tokens for r in results if r.ok]
     mean = sum(ok) / len(ok) if ok else float(cfg.generation.max_new_tokens)
     return fit_step_model(engine.stats.step_log, load_s, len(sample), cfg.engine.block_size), mean
@@ -268,7 +283,9 @@ def to_text(e: dict[str, Any]) -> str:
         f"  cost                 ${e['cost_usd']:,.6f} at ${e['usd_per_hour']:.3f}/h ({e['price_source']})",
         f"  speed model          {t['source']}",
         "  the same tokens at hosted batch APIs:",
-        *[f"    {a['provider']:<10}{a['model']:<18}${a['usd']:,.6f} (prices of {a['date']})"
-          for a in e["api_equivalent"]],
+        *[
+            f"    {a['provider']:<10}{a['model']:<18}${a['usd']:,.6f} (prices of {a['date']})"
+            for a in e["api_equivalent"]
+        ],
     ]
     return "\n".join(lines)

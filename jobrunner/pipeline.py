@@ -42,8 +42,12 @@ class JobSummary:
     report: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "output": self.output, "rows": self.rows,
-                "cost_usd": round(self.cost_usd, 8)}
+        return {
+            "status": self.status,
+            "output": self.output,
+            "rows": self.rows,
+            "cost_usd": round(self.cost_usd, 8),
+        }
 
 
 def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
@@ -57,19 +61,31 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
         summary = _summary("nothing_to_do", rundir)
         _check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
         return summary
-    with _stop_before_rows() as stop, open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows):
+    with (
+        _stop_before_rows() as stop,
+        open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows),
+    ):
         return _generate(cfg, rundir, manifest, skip_ids, total_rows, stop)
 
 
 def _stop_before_rows():
     """SIGTERM/SIGINT outside the engine loop (scan, model load, last commit): exit 75 at once;
     commits are atomic. _run_engine installs its graceful handler while rows are generated."""
-    return raise_on_signal(lambda signum: Interrupted(
-        f"signal {signum}: stopped; committed rows are kept, run the same command again to continue"))
+    return raise_on_signal(
+        lambda signum: Interrupted(
+            f"signal {signum}: stopped; committed rows are kept, run the same command again to continue"
+        )
+    )
 
 
-def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
-              total_rows: int, stop: SignalLatch) -> JobSummary:
+def _generate(
+    cfg: JobConfig,
+    rundir: RunDir,
+    manifest: Manifest,
+    skip_ids: set[str],
+    total_rows: int,
+    stop: SignalLatch,
+) -> JobSummary:
     from jobrunner.telemetry.run import RunTelemetry
 
     t0 = time.monotonic()
@@ -80,8 +96,16 @@ def _generate(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[
         telemetry.sampler.stop()  # a failed or interrupted run leaves no sampling thread behind
 
 
-def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_ids: set[str],
-                      total_rows: int, t0: float, telemetry, stop: SignalLatch) -> JobSummary:
+def _generate_sampled(
+    cfg: JobConfig,
+    rundir: RunDir,
+    manifest: Manifest,
+    skip_ids: set[str],
+    total_rows: int,
+    t0: float,
+    telemetry,
+    stop: SignalLatch,
+) -> JobSummary:
     from jobrunner.engine.base import make_engine
     from jobrunner.engine.loader import load_model
     from jobrunner.engine.quant.apply import check_engine, prepare_weights
@@ -96,8 +120,15 @@ def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_i
     stop.reraise()  # a signal during start-up whose exception a library swallowed
     load_seconds = time.monotonic() - t0
     stream = PrepStream(cfg, loaded.tokenizer, skip_ids, order=_order(cfg)).start()
-    committer = Committer(rundir, manifest, loaded.source.name, usd_per_hour,
-                          cfg.output.shard_rows, cfg.output.shard_seconds, stream.drain_errors)
+    committer = Committer(
+        rundir,
+        manifest,
+        loaded.source.name,
+        usd_per_hour,
+        cfg.output.shard_rows,
+        cfg.output.shard_seconds,
+        stream.drain_errors,
+    )
     committer.start_clock(since=t0)  # model load is paid for too: charged to the first rows
     progress = Progress(total_rows - len(skip_ids), live=engine.stats)
     try:
@@ -105,17 +136,32 @@ def _generate_sampled(cfg: JobConfig, rundir: RunDir, manifest: Manifest, skip_i
     finally:
         progress.close()
     committer.commit()
-    _record_run(manifest, cfg, engine, stream, device, usd_per_hour, price_source,
-                time.monotonic() - t0, load_seconds)
-    manifest.runs[-1].update(weights, kv_bytes_per_token=engine.stats.kv_bytes_per_token,
-                             num_kv_blocks=engine.stats.num_kv_blocks)
-    manifest.runs[-1].update(telemetry.finish(len(manifest.runs) - 1, engine.stats.step_log,
-                                              committer.savings.to_json()))
+    _record_run(
+        manifest,
+        cfg,
+        engine,
+        stream,
+        device,
+        usd_per_hour,
+        price_source,
+        time.monotonic() - t0,
+        load_seconds,
+    )
+    manifest.runs[-1].update(
+        weights,
+        kv_bytes_per_token=engine.stats.kv_bytes_per_token,
+        num_kv_blocks=engine.stats.num_kv_blocks,
+    )
+    manifest.runs[-1].update(
+        telemetry.finish(len(manifest.runs) - 1, engine.stats.step_log, committer.savings.to_json())
+    )
     rundir.save_manifest(manifest)
     if interrupted:
         write_reports(rundir)
-        raise Interrupted(f"interrupted: {committer.rows_committed} rows committed to"
-                          f" {rundir.path}; run the same command again to continue")
+        raise Interrupted(
+            f"interrupted: {committer.rows_committed} rows committed to"
+            f" {rundir.path}; run the same command again to continue"
+        )
     _finalize_output(cfg, rundir, manifest)
     rundir.mark_success(manifest)
     summary = _summary("done", rundir)
@@ -156,18 +202,41 @@ def _order(cfg: JobConfig):
     return lambda reqs: order_requests(reqs, cfg.engine.order_window)
 
 
-def _record_run(manifest: Manifest, cfg: JobConfig, engine, stream, device, usd_per_hour: float,
-                price_source: str, wall: float, load_seconds: float) -> None:
+def _record_run(
+    manifest: Manifest,
+    cfg: JobConfig,
+    engine,
+    stream,
+    device,
+    usd_per_hour: float,
+    price_source: str,
+    wall: float,
+    load_seconds: float,
+) -> None:
     st = engine.stats
-    manifest.runs.append({
-        "job": cfg.name, "model": cfg.model.source, "engine": engine.kind,
-        "wall_seconds": wall, "load_seconds": load_seconds, "engine_seconds": st.engine_seconds,
-        "forward_seconds": st.forward_seconds, "steps": st.steps, "preemptions": st.preemptions,
-        "oom_retries": st.oom_retries, "deduplicated": stream.deduplicated,
-        "skipped": stream.skipped, "device_name": device.name, "device_kind": device.kind,
-        "device_count": device.count, "usd_per_hour": usd_per_hour, "price_source": price_source,
-        "notes": list(st.notes), "finished_at": time.time(),
-    })
+    manifest.runs.append(
+        {
+            "job": cfg.name,
+            "model": cfg.model.source,
+            "engine": engine.kind,
+            "wall_seconds": wall,
+            "load_seconds": load_seconds,
+            "engine_seconds": st.engine_seconds,
+            "forward_seconds": st.forward_seconds,
+            "steps": st.steps,
+            "preemptions": st.preemptions,
+            "oom_retries": st.oom_retries,
+            "deduplicated": stream.deduplicated,
+            "skipped": stream.skipped,
+            "device_name": device.name,
+            "device_kind": device.kind,
+            "device_count": device.count,
+            "usd_per_hour": usd_per_hour,
+            "price_source": price_source,
+            "notes": list(st.notes),
+            "finished_at": time.time(),
+        }
+    )
 
 
 def _summary(status: str, rundir: RunDir) -> JobSummary:
@@ -184,7 +253,8 @@ def _check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
     if rate > cfg.input.max_error_rate:
         raise InputDataError(
             f"{summary.rows['failed']} of {total} rows failed ({rate:.1%}, over"
-            f" input.max_error_rate {cfg.input.max_error_rate:.1%}); see {summary.output}/errors.jsonl")
+            f" input.max_error_rate {cfg.input.max_error_rate:.1%}); see {summary.output}/errors.jsonl"
+        )
 
 
 def _finalize_output(cfg: JobConfig, rundir: RunDir, manifest: Manifest) -> None:

@@ -40,6 +40,7 @@ def capture_inputs(model: Any, names: list[str], prompts: list[list[int]]) -> di
             x = args[0].reshape(-1, args[0].shape[-1])  # (T, K)
             pick = torch.randperm(x.shape[0], generator=gen)[:per_prompt].sort().values
             seen[name].append(x[pick.to(x.device)].clone())
+
         return pre
 
     handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
@@ -79,7 +80,9 @@ def propose(errors: list[LayerError], fraction: float = KEEP_FRACTION) -> list[s
     return plan
 
 
-def run_check(cfg: Any, sample: int, quantization: str | None, write: Path | None) -> dict[str, Any]:
+def run_check(
+    cfg: Any, sample: int, quantization: str | None, write: Path | None
+) -> dict[str, Any]:
     from jobrunner.engine.loader import load_model
     from jobrunner.engine.quant import QUANTIZERS, check_quantization, linear_names
     from jobrunner.engine.quant.sample import sample_requests
@@ -98,22 +101,33 @@ def run_check(cfg: Any, sample: int, quantization: str | None, write: Path | Non
     reqs = sample_requests(cfg, loaded.tokenizer, sample)
     if not reqs:
         raise InputDataError(f"{cfg.input.path}: no valid rows to sample prompts from")
-    inputs = capture_inputs(loaded.model, linear_names(loaded.model), [r.prompt_token_ids for r in reqs])
+    inputs = capture_inputs(
+        loaded.model, linear_names(loaded.model), [r.prompt_token_ids for r in reqs]
+    )
     errors = layer_errors(loaded.model, quantizer, inputs)
     plan = propose(errors)
     print_table(errors, plan, quantizer.name, len(reqs))
     if write is not None:
         write_plan(Path(cfg.source_file), write, quantizer.name, plan)
-    return {"status": "ok", "quantization": quantizer.name, "sampled_rows": len(reqs),
-            "layers": len(errors), "keep_in_16bit": plan,
-            "errors": {e.name: round(e.rel_error, 6) for e in errors},
-            "written": str(write) if write else None}
+    return {
+        "status": "ok",
+        "quantization": quantizer.name,
+        "sampled_rows": len(reqs),
+        "layers": len(errors),
+        "keep_in_16bit": plan,
+        "errors": {e.name: round(e.rel_error, 6) for e in errors},
+        "written": str(write) if write else None,
+    }
 
 
-def print_table(errors: list[LayerError], plan: list[str], mode: str, rows: int, top: int = 15) -> None:
+def print_table(
+    errors: list[LayerError], plan: list[str], mode: str, rows: int, top: int = 15
+) -> None:
     w = sys.stderr.write
-    w(f"{mode}: relative output error of each linear layer on {rows} sampled prompts"
-      f" (worst {min(top, len(errors))} of {len(errors)})\n")
+    w(
+        f"{mode}: relative output error of each linear layer on {rows} sampled prompts"
+        f" (worst {min(top, len(errors))} of {len(errors)})\n"
+    )
     for e in errors[:top]:
         mark = "  keep 16-bit" if e.name in plan else ""
         w(f"  {e.rel_error:9.5f}  {e.name} ({e.in_features}->{e.out_features}){mark}\n")
@@ -138,30 +152,40 @@ def write_plan(job_file: Path, target: Path, mode: str, plan: list[str]) -> None
 
 def report_section(run: dict[str, Any]) -> dict[str, Any]:
     """Weights, KV cache and quality figures of a run record (manifest.runs[-1])."""
-    return {"quantization": run.get("quantization", "none"),
-            "kv_cache_dtype": run.get("kv_cache_dtype", "auto"),
-            "weight_bytes": run.get("weight_bytes"),
-            "kv_bytes_per_token": run.get("kv_bytes_per_token"),
-            "num_kv_blocks": run.get("num_kv_blocks"),
-            "keep_in_16bit": run.get("keep_in_16bit", []),
-            "quality": run.get("quality")}
+    return {
+        "quantization": run.get("quantization", "none"),
+        "kv_cache_dtype": run.get("kv_cache_dtype", "auto"),
+        "weight_bytes": run.get("weight_bytes"),
+        "kv_bytes_per_token": run.get("kv_bytes_per_token"),
+        "num_kv_blocks": run.get("num_kv_blocks"),
+        "keep_in_16bit": run.get("keep_in_16bit", []),
+        "quality": run.get("quality"),
+    }
 
 
 def markdown_lines(s: dict[str, Any] | None) -> list[str]:
     if not s or s.get("weight_bytes") is None:
         return []
     kv = s["kv_bytes_per_token"]
-    lines = ["## Weights and KV cache", "", "| what | value |", "| --- | --- |",
-             f"| weights | {s['quantization']}, {s['weight_bytes']:,} bytes |",
-             f"| KV cache | {s['kv_cache_dtype']}, {kv:,} bytes/token, {s['num_kv_blocks']:,} blocks |"
-             if kv else f"| KV cache | {s['kv_cache_dtype']} |"]
+    lines = [
+        "## Weights and KV cache",
+        "",
+        "| what | value |",
+        "| --- | --- |",
+        f"| weights | {s['quantization']}, {s['weight_bytes']:,} bytes |",
+        f"| KV cache | {s['kv_cache_dtype']}, {kv:,} bytes/token, {s['num_kv_blocks']:,} blocks |"
+        if kv
+        else f"| KV cache | {s['kv_cache_dtype']} |",
+    ]
     if s["keep_in_16bit"]:
         lines.append(f"| kept in 16-bit | {', '.join(s['keep_in_16bit'])} |")
     q = s.get("quality")
     if q:
-        lines += [f"| token agreement (first {q['first_k']} tokens, {q['rows']} rows) |"
-                  f" {q['agreement']:.1%} (original model: {q.get('agreement_unquantized', 1):.1%});"
-                  f" exact prefix {q.get('exact_prefix', 0):.1%} |",
-                  f"| perplexity of the references | {q['ppl_reference']:.3f} ->"
-                  f" {q['ppl_quantized']:.3f} ({q['ppl_change']:+.1%}) |"]
+        lines += [
+            f"| token agreement (first {q['first_k']} tokens, {q['rows']} rows) |"
+            f" {q['agreement']:.1%} (original model: {q.get('agreement_unquantized', 1):.1%});"
+            f" exact prefix {q.get('exact_prefix', 0):.1%} |",
+            f"| perplexity of the references | {q['ppl_reference']:.3f} ->"
+            f" {q['ppl_quantized']:.3f} ({q['ppl_change']:+.1%}) |",
+        ]
     return [*lines, ""]

@@ -51,7 +51,9 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
         manifest = rundir.prepare()
         _check_fingerprint(rundir, manifest, job_parts(cfg))
         if opts.retry_errors:
-            log.info("--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest))
+            log.info(
+                "--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest)
+            )
         rundir.save_manifest(manifest)
         yield manifest, rundir.committed_ids(), total
 
@@ -105,8 +107,9 @@ def _describe_duplicates(duplicates: dict[str, list[str]]) -> str:
     lines = [f"  id {k!r} at {', '.join(v)}" for k, v in shown]
     more = len(duplicates) - len(shown)
     tail = [f"  ... and {more} more"] if more > 0 else []
-    return "\n".join([f"{len(duplicates)} duplicate ids in the input (ids must be unique):",
-                      *lines, *tail])
+    return "\n".join(
+        [f"{len(duplicates)} duplicate ids in the input (ids must be unique):", *lines, *tail]
+    )
 
 
 def _check_fingerprint(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
@@ -121,14 +124,19 @@ def _check_fingerprint(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
             f"{rundir.path} holds a different job; changed since it started:\n"
             + "\n".join(f"  {d}" for d in lines[:MAX_DUPLICATES_LISTED])
             + "\nrun the earlier job file again to continue it, use a new output.path,"
-            " or --restart to discard the earlier results")
+            " or --restart to discard the earlier results"
+        )
 
 
 def _diff(key: str, old, new) -> list[str]:
     """`key.path: old -> new` for each setting that differs (old is None for old manifests)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new))
-                for d in _diff(f"{key}.{k}", old.get(k), new.get(k)) if old.get(k) != new.get(k)]
+        return [
+            d
+            for k in sorted(set(old) | set(new))
+            for d in _diff(f"{key}.{k}", old.get(k), new.get(k))
+            if old.get(k) != new.get(k)
+        ]
     if old is None:
         return [key]
     if key == "input":
@@ -137,8 +145,16 @@ def _diff(key: str, old, new) -> list[str]:
 
 
 def _clear(rundir: RunDir) -> None:
-    for name in ("results", "errors.jsonl", "manifest.json", "_SUCCESS", "report.json", "report.md",
-                 "output.jsonl", "batch.json"):
+    for name in (
+        "results",
+        "errors.jsonl",
+        "manifest.json",
+        "_SUCCESS",
+        "report.json",
+        "report.md",
+        "output.jsonl",
+        "batch.json",
+    ):
         p = rundir.path / name
         if p.is_dir():
             shutil.rmtree(p)
@@ -157,7 +173,8 @@ def _lock(rundir: RunDir) -> Iterator[None]:
             holder = f.read().strip() or "another process"
             raise RunLocked(
                 f"{rundir.path} is being run by {holder} (lock {path}); wait for it to finish or"
-                " stop it: a stopped or killed run releases the lock, and a rerun continues") from e
+                " stop it: a stopped or killed run releases the lock, and a rerun continues"
+            ) from e
         f.seek(0)
         f.truncate()
         f.write(f"jobrunner pid {os.getpid()} on {socket.gethostname()}")

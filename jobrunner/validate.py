@@ -35,11 +35,19 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
         else:
             lengths.append(item.num_prompt_tokens)
     failed = sum(codes.values())
-    summary = {"status": "ok", "rows": total, "valid": len(lengths), "invalid": failed,
-               "errors_by_code": dict(codes), "prompt_tokens": sum(lengths),
-               "max_prompt_tokens": max(lengths, default=0),
-               "max_new_tokens": cfg.generation.max_new_tokens}
+    summary = {
+        "status": "ok",
+        "rows": total,
+        "valid": len(lengths),
+        "invalid": failed,
+        "errors_by_code": dict(codes),
+        "prompt_tokens": sum(lengths),
+        "max_prompt_tokens": max(lengths, default=0),
+        "max_new_tokens": cfg.generation.max_new_tokens,
+    }
     if total and failed / total > cfg.input.max_error_rate:
-        raise InputDataError(f"{failed} of {total} rows are invalid (over input.max_error_rate"
-                             f" {cfg.input.max_error_rate:.1%}): {dict(codes)}")
+        raise InputDataError(
+            f"{failed} of {total} rows are invalid (over input.max_error_rate"
+            f" {cfg.input.max_error_rate:.1%}): {dict(codes)}"
+        )
     return summary

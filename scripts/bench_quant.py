@@ -30,8 +30,15 @@ from jobrunner.types import Request, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 KV_BUDGET = 64 << 20
-CPU_MODES = [("none", "auto"), ("int8", "auto"), ("int4", "auto"), ("none", "float16"),
-             ("none", "int8"), ("none", "fp8"), ("int8", "int8")]
+CPU_MODES = [
+    ("none", "auto"),
+    ("int8", "auto"),
+    ("int4", "auto"),
+    ("none", "float16"),
+    ("none", "int8"),
+    ("none", "fp8"),
+    ("int8", "int8"),
+]
 GPU_MODES = [("none", "auto"), ("fp8", "auto"), ("int8", "auto"), ("fp8", "fp8")]
 
 
@@ -45,8 +52,9 @@ def questions(n: int) -> list[str]:
 def requests(tok, texts: list[str], new: int) -> list[Request]:
     out = []
     for i, text in enumerate(texts):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         ids = list(ids if isinstance(ids, list) else ids["input_ids"])
         out.append(Request(f"r{i}", ids, SamplingParams(max_new_tokens=new, ignore_eos=True)))
     return out
@@ -62,16 +70,22 @@ def run(loaded: LoadedModel, quant: str, kv: str, reqs: list[Request]) -> dict:
     out = {r.id: list(r.token_ids) for r in engine.generate(iter(reqs))}
     seconds = time.perf_counter() - t
     st = engine.stats
-    return {"tokens": [out[r.id] for r in reqs], "tok_s": st.decode_tokens / seconds,
-            "weight_bytes": weight_bytes(loaded.model), "kv_blocks": st.num_kv_blocks,
-            "kv_bytes_per_token": st.kv_bytes_per_token}
+    return {
+        "tokens": [out[r.id] for r in reqs],
+        "tok_s": st.decode_tokens / seconds,
+        "weight_bytes": weight_bytes(loaded.model),
+        "kv_blocks": st.num_kv_blocks,
+        "kv_bytes_per_token": st.kv_bytes_per_token,
+    }
 
 
 def table(base: LoadedModel, modes, reqs: list[Request], new: int) -> None:
     prompts = [r.prompt_token_ids for r in reqs]
     ref = None
-    print(f"| weights | KV cache | tokens/s | weight bytes | vs 16-bit | KV bytes/token | kv blocks"
-          f" ({KV_BUDGET >> 20} MiB) | agree | exact (first {new}) |")
+    print(
+        f"| weights | KV cache | tokens/s | weight bytes | vs 16-bit | KV bytes/token | kv blocks"
+        f" ({KV_BUDGET >> 20} MiB) | agree | exact (first {new}) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for quant, kv in modes:
         loaded = copy.copy(base)
@@ -82,19 +96,28 @@ def table(base: LoadedModel, modes, reqs: list[Request], new: int) -> None:
         _, top1 = nll_and_top1(loaded.model, prompts, ref["tokens"])
         target = torch.tensor([t for x in ref["tokens"] for t in x])
         agree = float((top1 == target).float().mean())
-        print(f"| {quant} | {kv} | {r['tok_s']:.1f} | {r['weight_bytes']:,} |"
-              f" {r['weight_bytes'] / ref['weight_bytes']:.0%} | {r['kv_bytes_per_token']:,} |"
-              f" {r['kv_blocks']:,} | {agree:.1%} | {exact_prefix(ref['tokens'], r['tokens'], new):.1%} |",
-              flush=True)
+        print(
+            f"| {quant} | {kv} | {r['tok_s']:.1f} | {r['weight_bytes']:,} |"
+            f" {r['weight_bytes'] / ref['weight_bytes']:.0%} | {r['kv_bytes_per_token']:,} |"
+            f" {r['kv_blocks']:,} | {agree:.1%} | {exact_prefix(ref['tokens'], r['tokens'], new):.1%} |",
+            flush=True,
+        )
         del loaded
 
 
 def random_llama(tok, device) -> LoadedModel:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
-                      num_attention_heads=32, num_key_value_heads=8, vocab_size=len(tok),
-                      max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=8,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=len(tok),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -112,13 +135,17 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     base = load_model(ModelConfig(device="cpu"))
     reqs = requests(base.tokenizer, questions(a.rows), a.new)
-    print(f"## CPU: {base.source.name}, {str(base.dtype).removeprefix('torch.')}, {a.rows} rows x"
-          f" {a.new} new tokens, {torch.get_num_threads()} threads\n")
+    print(
+        f"## CPU: {base.source.name}, {str(base.dtype).removeprefix('torch.')}, {a.rows} rows x"
+        f" {a.new} new tokens, {torch.get_num_threads()} threads\n"
+    )
     table(base, CPU_MODES, reqs, a.new)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        print(f"\n## GPU: {name}, random-weight Llama shape (4096 hidden, 8 layers, GQA 32/8),"
-              f" {a.rows * 8} rows x {a.new} new tokens\n")
+        print(
+            f"\n## GPU: {name}, random-weight Llama shape (4096 hidden, 8 layers, GQA 32/8),"
+            f" {a.rows * 8} rows x {a.new} new tokens\n"
+        )
         gpu = random_llama(base.tokenizer, "cuda")
         table(gpu, GPU_MODES, requests(base.tokenizer, questions(a.rows) * 8, a.new), a.new)
 

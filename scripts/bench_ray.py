@@ -35,12 +35,19 @@ def make_input(path: Path, rows: int) -> None:
 
 
 def job(args, src: Path, out: Path, executor: str, workers: int) -> dict:
-    return {"model": {"dtype": args.dtype}, "input": {"path": str(src)},
-            "generation": {"max_new_tokens": args.max_new_tokens, "ignore_eos": True},
-            "engine": {"kind": args.engine}, "output": {"path": str(out), "format": "jsonl"},
-            "executor": executor,
-            "ray": {"num_workers": workers, "cpus_per_worker": args.cpus_per_worker,
-                    "block_rows": args.block_rows}}
+    return {
+        "model": {"dtype": args.dtype},
+        "input": {"path": str(src)},
+        "generation": {"max_new_tokens": args.max_new_tokens, "ignore_eos": True},
+        "engine": {"kind": args.engine},
+        "output": {"path": str(out), "format": "jsonl"},
+        "executor": executor,
+        "ray": {
+            "num_workers": workers,
+            "cpus_per_worker": args.cpus_per_worker,
+            "block_rows": args.block_rows,
+        },
+    }
 
 
 def timed(data: dict) -> dict:
@@ -54,9 +61,15 @@ def timed(data: dict) -> dict:
     run = json.loads((Path(data["output"]["path"]) / "manifest.json").read_text())["runs"][-1]
     rows = summary.rows["succeeded"]
     load = run.get("load_seconds", 0.0)
-    return {"rows": rows, "wall_s": wall, "load_s": load, "rows_per_s": rows / wall,
-            "rows_per_s_after_load": rows / max(wall - load, 1e-9),
-            "workers": len(run.get("workers", [])) or None, "cost_usd": summary.cost_usd}
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "load_s": load,
+        "rows_per_s": rows / wall,
+        "rows_per_s_after_load": rows / max(wall - load, 1e-9),
+        "workers": len(run.get("workers", [])) or None,
+        "cost_usd": summary.cost_usd,
+    }
 
 
 def main() -> None:
@@ -81,8 +94,12 @@ def main() -> None:
     t0 = time.perf_counter()
     if not ray.is_initialized():  # one cluster for every measurement; RAY_ADDRESS joins one
         need = int(max(counts) * args.cpus_per_worker) + 1
-        ray.init(num_cpus=need, include_dashboard=False, logging_level=logging.WARNING,
-                 log_to_driver=False)
+        ray.init(
+            num_cpus=need,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
     print(f"cluster up in {time.perf_counter() - t0:.1f}s: {ray.cluster_resources()}")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.jsonl"
@@ -92,12 +109,16 @@ def main() -> None:
             results["local"] = timed(job(args, src, Path(tmp) / "local", "local", 1))
         for n in counts:
             results[f"ray x{n}"] = timed(job(args, src, Path(tmp) / f"ray{n}", "ray", n))
-    print(f"{args.rows} rows, {args.max_new_tokens} new tokens each, {args.engine} engine, "
-          f"{args.dtype}, {args.cpus_per_worker} cpus/worker, {args.block_rows} rows/block")
+    print(
+        f"{args.rows} rows, {args.max_new_tokens} new tokens each, {args.engine} engine, "
+        f"{args.dtype}, {args.cpus_per_worker} cpus/worker, {args.block_rows} rows/block"
+    )
     print(f"{'run':>10} {'rows':>5} {'wall s':>7} {'load s':>7} {'rows/s':>7} {'after load':>10}")
     for name, r in results.items():
-        print(f"{name:>10} {r['rows']:>5} {r['wall_s']:>7.1f} {r['load_s']:>7.1f}"
-              f" {r['rows_per_s']:>7.2f} {r['rows_per_s_after_load']:>10.2f}")
+        print(
+            f"{name:>10} {r['rows']:>5} {r['wall_s']:>7.1f} {r['load_s']:>7.1f}"
+            f" {r['rows_per_s']:>7.2f} {r['rows_per_s_after_load']:>10.2f}"
+        )
     print(json.dumps(results))
     ray.shutdown()
 

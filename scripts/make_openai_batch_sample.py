@@ -18,7 +18,11 @@ SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 
 def batch_line(k: int, row: dict) -> dict:
     if k % 2 == 0:
-        body = {"model": "gpt-4o-mini", "messages": row["messages"], "max_tokens": 48 + 16 * (k % 3)}
+        body = {
+            "model": "gpt-4o-mini",
+            "messages": row["messages"],
+            "max_tokens": 48 + 16 * (k % 3),
+        }
         if k % 4 == 0:
             body["messages"] = [{"role": "system", "content": "Answer briefly."}, *row["messages"]]
         url = "/v1/chat/completions"

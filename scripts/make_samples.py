@@ -19,14 +19,72 @@ import warnings
 from pathlib import Path
 
 MODULES = [
-    "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "csv",
-    "dataclasses", "datetime", "decimal", "difflib", "email", "enum", "fractions", "functools",
-    "gzip", "hashlib", "heapq", "hmac", "html", "http", "inspect", "io", "ipaddress", "itertools",
-    "json", "logging", "mailbox", "math", "mimetypes", "operator", "os", "pathlib", "pickle",
-    "pprint", "queue", "random", "re", "sched", "secrets", "shlex", "shutil", "socket", "sqlite3",
-    "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
-    "timeit", "tokenize", "traceback", "typing", "unittest", "urllib", "uuid", "warnings", "wave",
-    "weakref", "xml", "zipfile", "zlib",
+    "argparse",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "enum",
+    "fractions",
+    "functools",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "http",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "logging",
+    "mailbox",
+    "math",
+    "mimetypes",
+    "operator",
+    "os",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "sched",
+    "secrets",
+    "shlex",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "struct",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "timeit",
+    "tokenize",
+    "traceback",
+    "typing",
+    "unittest",
+    "urllib",
+    "uuid",
+    "warnings",
+    "wave",
+    "weakref",
+    "xml",
+    "zipfile",
+    "zlib",
 ]
 QUESTIONS = [
     "In two sentences, what is the Python `{name}` feature for?",
@@ -44,9 +102,15 @@ def topic_rows(rng: random.Random) -> list[dict]:
         text = text.strip()
         size = SIZES[len(rows) % len(SIZES)]
         excerpt = cut(text, size)
-        rows.append(row("summarize", f"pydoc:{name}", excerpt,
-                        "Summarize the following section of the Python documentation in a few "
-                        f"bullet points.\n\n{excerpt}"))
+        rows.append(
+            row(
+                "summarize",
+                f"pydoc:{name}",
+                excerpt,
+                "Summarize the following section of the Python documentation in a few "
+                f"bullet points.\n\n{excerpt}",
+            )
+        )
         q = rng.choice(QUESTIONS).format(name=name.replace("-", " "))
         rows.append(row("question", f"pydoc:{name}", "", q))
     return rows
@@ -61,8 +125,14 @@ def module_rows() -> list[dict]:
             if len(doc) < 80:
                 continue
             excerpt = cut(textwrap.dedent(doc), 3000)
-            rows.append(row("explain", f"module:{name}", excerpt,
-                            f"Explain to a new programmer what this Python module is for:\n\n{excerpt}"))
+            rows.append(
+                row(
+                    "explain",
+                    f"module:{name}",
+                    excerpt,
+                    f"Explain to a new programmer what this Python module is for:\n\n{excerpt}",
+                )
+            )
     return rows
 
 
@@ -79,8 +149,13 @@ def cut(text: str, size: int) -> str:
 
 
 def row(kind: str, source: str, text: str, prompt: str) -> dict:
-    return {"kind": kind, "source": source, "text": text, "prompt": prompt,
-            "messages": [{"role": "user", "content": prompt}]}
+    return {
+        "kind": kind,
+        "source": source,
+        "text": text,
+        "prompt": prompt,
+        "messages": [{"role": "user", "content": prompt}],
+    }
 
 
 def main() -> None:

@@ -30,9 +30,14 @@ def main() -> int:
     body = re.search(r"<body[^>]*>", dom)
     charts = re.search(r'data-charts="(\d+)"', body.group(0) if body else "")
     errors = re.search(r'data-errors="([^"]*)"', body.group(0) if body else "")
-    problems = (errors.group(1) if errors else "no error hook ran") or "; ".join(browser.console_errors(log))
+    problems = (errors.group(1) if errors else "no error hook ran") or "; ".join(
+        browser.console_errors(log)
+    )
     if problems or not charts or charts.group(1) == "0":
-        print(f"{html}: charts={charts.group(1) if charts else 0} errors={problems!r}", file=sys.stderr)
+        print(
+            f"{html}: charts={charts.group(1) if charts else 0} errors={problems!r}",
+            file=sys.stderr,
+        )
         return 1
     png = browser.screenshot(html, args.out, args.width, args.height)
     print(f"{png} ({charts.group(1)} charts)")

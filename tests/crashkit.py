@@ -18,15 +18,34 @@ CLI = [sys.executable, "-c", "from jobrunner.cli import main; main()"]
 # Columns that must match an uninterrupted run. Not cost_usd (measured time) nor cached_tokens
 # (prefix-cache hits depend on which rows ran together).
 COMPARED = ("id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "model")
-WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "candle", "rocket",
-         "garden", "mirror", "violet"]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "piano",
+    "lemon",
+    "candle",
+    "rocket",
+    "garden",
+    "mirror",
+    "violet",
+]
 
 
 def write_input(path: Path, n: int = 24, bad: bool = True) -> Path:
     """n short prompts; with `bad`, an empty prompt and a malformed line among them."""
-    lines = [json.dumps({"id": f"r{i:02d}", "prompt": f"Write one word that rhymes with"
-                         f" {WORDS[i % len(WORDS)]}{'s' if i >= len(WORDS) else ''}."})
-             for i in range(n)]
+    lines = [
+        json.dumps(
+            {
+                "id": f"r{i:02d}",
+                "prompt": f"Write one word that rhymes with"
+                f" {WORDS[i % len(WORDS)]}{'s' if i >= len(WORDS) else ''}.",
+            }
+        )
+        for i in range(n)
+    ]
     if bad:
         lines.insert(3, json.dumps({"id": "bad-empty", "prompt": "   "}))
         lines.insert(9, '{"id": "bad-json", "prompt": ')
@@ -41,8 +60,13 @@ def write_job(dir: Path, engine: str, input_path: Path, out: str = "out", **extr
         "input": {"path": str(input_path), "use_chat_template": False, "max_error_rate": 0.2},
         "generation": {"max_new_tokens": 6},
         "output": {"path": str(dir / out), "format": "jsonl", "shard_rows": 4},
-        "engine": {"kind": engine, "max_num_seqs": 4, "max_batch_tokens": 256,
-                   "kv_cache_bytes": 16 << 20, "num_threads": 1},
+        "engine": {
+            "kind": engine,
+            "max_num_seqs": 4,
+            "max_batch_tokens": 256,
+            "kv_cache_bytes": 16 << 20,
+            "num_threads": 1,
+        },
     }
     for key, value in extra.items():
         section, _, name = key.partition("__")
@@ -53,25 +77,43 @@ def write_job(dir: Path, engine: str, input_path: Path, out: str = "out", **extr
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {**os.environ, "JOBRUNNER_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1",
-         "TOKENIZERS_PARALLELISM": "false"}
+    e = {
+        **os.environ,
+        "JOBRUNNER_NO_PROGRESS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     e.pop("JOBRUNNER_FAULT_KILL", None)
     e.pop("JOBRUNNER_FAULT_OOM_STEPS", None)
     e.update(extra)
     return e
 
 
-def run(job: Path, *args: str, timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "run", str(job), *args], capture_output=True, text=True,
-                          env=env(**extra_env), timeout=timeout)
+def run(
+    job: Path, *args: str, timeout: float = 600, **extra_env: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, "run", str(job), *args],
+        capture_output=True,
+        text=True,
+        env=env(**extra_env),
+        timeout=timeout,
+    )
 
 
 def start(job: Path, *args: str, **extra_env: str) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, "run", str(job), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env(**extra_env))
+    return subprocess.Popen(
+        [*CLI, "run", str(job), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(**extra_env),
+    )
 
 
-def wait_for_shards(proc: subprocess.Popen, results: Path, more_than: int, timeout: float = 300) -> int:
+def wait_for_shards(
+    proc: subprocess.Popen, results: Path, more_than: int, timeout: float = 300
+) -> int:
     """Block until results/ holds more than `more_than` shards; fail if the run ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -79,8 +121,10 @@ def wait_for_shards(proc: subprocess.Popen, results: Path, more_than: int, timeo
         if n > more_than:
             return n
         if proc.poll() is not None:
-            raise AssertionError(f"the run ended (rc {proc.returncode}) before shard {more_than + 1}:"
-                                 f"\n{proc.stderr.read()[-3000:]}")
+            raise AssertionError(
+                f"the run ended (rc {proc.returncode}) before shard {more_than + 1}:"
+                f"\n{proc.stderr.read()[-3000:]}"
+            )
         time.sleep(0.05)
     proc.kill()
     raise AssertionError("no new shard in time")
@@ -130,7 +174,9 @@ def comparable(out: Path) -> tuple[list[tuple], list[tuple]]:
 
 def assert_each_row_once(out: Path) -> None:
     ids = [r["id"] for r in read_results(out)]
-    assert len(ids) == len(set(ids)), f"duplicated rows: {sorted(i for i in ids if ids.count(i) > 1)}"
+    assert len(ids) == len(set(ids)), (
+        f"duplicated rows: {sorted(i for i in ids if ids.count(i) > 1)}"
+    )
 
 
 _REFERENCE: dict[str, tuple[Path, tuple]] = {}

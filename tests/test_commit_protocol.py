@@ -63,7 +63,9 @@ class CrashAt:
 def _is_errors_append(fd: int) -> bool:
     """Only an append can be torn by a crash; a truncate that crashes before its fsync leaves
     the old or the new length, never a shorter file."""
-    return _fd_path(fd).endswith("errors.jsonl") and bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
+    return _fd_path(fd).endswith("errors.jsonl") and bool(
+        fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
+    )
 
 
 def _fd_path(fd: int) -> str:
@@ -78,8 +80,16 @@ def _ref(i: int) -> RowRef:
 
 
 def _record(i: int, reason: str) -> dict:
-    return {"id": f"r{i}", "completion": f"text {i}", "finish_reason": reason, "prompt_tokens": i,
-            "cached_tokens": 0, "completion_tokens": 1, "cost_usd": 0.0, "model": "m"}
+    return {
+        "id": f"r{i}",
+        "completion": f"text {i}",
+        "finish_reason": reason,
+        "prompt_tokens": i,
+        "cached_tokens": 0,
+        "completion_tokens": 1,
+        "cost_usd": 0.0,
+        "model": "m",
+    }
 
 
 def run_once(path, kinds: list[str], shard_rows: int, fmt: str) -> None:
@@ -130,17 +140,27 @@ def assert_visible_files_complete(path) -> None:
 def assert_exactly_once(path, kinds: list[str]) -> None:
     rd = RunDir(path)
     ids = [i for f in rd.shard_files() for i in read_column(f, "id")]
-    assert sorted(ids) == sorted(f"r{i}" for i, k in enumerate(kinds)
-                                 if k in ("ok", "engine_error"))
+    assert sorted(ids) == sorted(
+        f"r{i}" for i, k in enumerate(kinds) if k in ("ok", "engine_error")
+    )
     for f in rd.shard_files():
         for rec in read_shard(f):
             i = int(rec["id"][1:])
             assert rec == _record(i, "stop" if kinds[i] == "ok" else "error")
     places = [(e["line"], e["code"], e["id"]) for e in rd.iter_errors()]
     assert sorted(places) == sorted(
-        (i + 1, {"engine_error": "nan_logits", "input_error": "empty_prompt",
-                 "no_id_error": "malformed_json"}[k], None if k == "no_id_error" else f"r{i}")
-        for i, k in enumerate(kinds) if k != "ok")
+        (
+            i + 1,
+            {
+                "engine_error": "nan_logits",
+                "input_error": "empty_prompt",
+                "no_id_error": "malformed_json",
+            }[k],
+            None if k == "no_id_error" else f"r{i}",
+        )
+        for i, k in enumerate(kinds)
+        if k != "ok"
+    )
     m = rd.load_manifest()
     assert m.counts["succeeded"] == kinds.count("ok")
     assert m.counts["failed"] == len(kinds) - kinds.count("ok")
@@ -168,18 +188,28 @@ def run_with_crashes(tmp_path, monkeypatch, kinds, shard_rows, fmt, crashes, tor
 jobs = st.lists(st.sampled_from(KINDS), min_size=1, max_size=24)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@example(kinds=["ok"] * 6 + ["engine_error"] * 2, shard_rows=1, fmt="jsonl", crashes=[44, 1],
-         torn=True)  # a crash while recovery truncates errors.jsonl must not tear a committed line
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@example(
+    kinds=["ok"] * 6 + ["engine_error"] * 2, shard_rows=1, fmt="jsonl", crashes=[44, 1], torn=True
+)  # a crash while recovery truncates errors.jsonl must not tear a committed line
 # a crash before the manifest lists a shard, then one right after the next commit's error lines:
 # recovery must cut those lines, not keep them along with the adopted shard
 @example(kinds=["ok", "engine_error"], shard_rows=1, fmt="jsonl", crashes=[3, 1], torn=False)
-@given(kinds=jobs, shard_rows=st.integers(1, 5), fmt=st.sampled_from(["jsonl", "parquet"]),
-       crashes=st.lists(st.integers(1, 120), max_size=4), torn=st.booleans())
-def test_random_crash_points_lose_and_duplicate_nothing(tmp_path_factory, monkeypatch, kinds,
-                                                      shard_rows, fmt, crashes, torn):
-    run_with_crashes(tmp_path_factory.mktemp("run"), monkeypatch, kinds, shard_rows, fmt,
-                     crashes, torn)
+@given(
+    kinds=jobs,
+    shard_rows=st.integers(1, 5),
+    fmt=st.sampled_from(["jsonl", "parquet"]),
+    crashes=st.lists(st.integers(1, 120), max_size=4),
+    torn=st.booleans(),
+)
+def test_random_crash_points_lose_and_duplicate_nothing(
+    tmp_path_factory, monkeypatch, kinds, shard_rows, fmt, crashes, torn
+):
+    run_with_crashes(
+        tmp_path_factory.mktemp("run"), monkeypatch, kinds, shard_rows, fmt, crashes, torn
+    )
 
 
 @pytest.mark.parametrize("n", range(1, 12))
@@ -240,7 +270,9 @@ def retry_once(path, kinds, shard_rows, fmt, fixed: set[int]) -> None:
     run_once(path, ["ok" if i in fixed else k for i, k in enumerate(kinds)], shard_rows, fmt)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(kinds=jobs, fmt=st.sampled_from(["jsonl", "parquet"]), crash=st.integers(1, 60))
 def test_retry_errors_reruns_failed_rows_once(tmp_path_factory, monkeypatch, kinds, fmt, crash):
     """--retry-errors: rows that failed in the engine (in a shard and errors.jsonl) or at input

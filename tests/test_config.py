@@ -33,7 +33,10 @@ def test_unknown_key_is_refused_with_its_line(tmp_path):
 
 def test_literal_lists_the_allowed_values(tmp_path):
     job = write_job(tmp_path / "job.yaml", "engine:\n  kind: turbo\n")
-    with pytest.raises(ConfigError, match=r"job.yaml:2 engine.kind: must be one of 'auto', 'paged' or 'static', got 'turbo'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"job.yaml:2 engine.kind: must be one of 'auto', 'paged' or 'static', got 'turbo'",
+    ):
         load_job(job)
 
 
@@ -45,8 +48,15 @@ def test_prompt_needs_exactly_one_source(tmp_path):
 
 def test_overrides_parse_yaml_values(tmp_path):
     job = write_job(tmp_path / "job.yaml", "name: x\n")
-    cfg = load_job(job, ["generation.max_new_tokens=64", "generation.stop=[a, b]",
-                         "engine.prefix_caching=false", "input.system_prompt=null"])
+    cfg = load_job(
+        job,
+        [
+            "generation.max_new_tokens=64",
+            "generation.stop=[a, b]",
+            "engine.prefix_caching=false",
+            "input.system_prompt=null",
+        ],
+    )
     assert cfg.generation.max_new_tokens == 64
     assert cfg.generation.stop == ["a", "b"]
     assert cfg.engine.prefix_caching is False

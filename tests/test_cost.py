@@ -18,7 +18,9 @@ from jobrunner.types import FinishReason, Result, Usage
 
 
 def row(prompt: int, cached: int = 0, completion: int = 0, shared_with: int = 1, rid: str = "r"):
-    return Result(rid, "", FinishReason.STOP, Usage(prompt, cached, completion), shared_with=shared_with)
+    return Result(
+        rid, "", FinishReason.STOP, Usage(prompt, cached, completion), shared_with=shared_with
+    )
 
 
 def test_cached_prompt_tokens_cost_nothing():
@@ -51,9 +53,14 @@ def test_decode_steps_cost_decode_weight_prefill_tokens():
     assert prefill_only.usage.cost_usd == pytest.approx(32 / 65)
 
 
-@given(st.lists(st.tuples(st.integers(1, 500), st.integers(0, 400), st.integers(0, 64),
-                          st.integers(1, 4)), min_size=1, max_size=30),
-       st.floats(0.0, 100.0))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 500), st.integers(0, 400), st.integers(0, 64), st.integers(1, 4)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0.0, 100.0),
+)
 def test_shares_add_up_to_the_interval_cost(rows, usd):
     results = [row(p, min(c, p - 1), n, k) for p, c, n, k in rows]
     share_cost(results, usd)
@@ -82,30 +89,59 @@ def test_fit_recovers_step_and_token_time():
 
 def test_fit_separates_fixed_prefill_and_per_sequence_decode_time():
     def step(p, d):
-        return {"batch_tokens": p + d, "prefill_tokens": p, "decode_tokens": d,
-                "step_seconds": 0.2 + 0.001 * p + 0.03 * d}
+        return {
+            "batch_tokens": p + d,
+            "prefill_tokens": p,
+            "decode_tokens": d,
+            "step_seconds": 0.2 + 0.001 * p + 0.03 * d,
+        }
 
-    m = fit_step_model([step(300, 0), step(40, 2), step(0, 2), step(0, 6), step(0, 5), step(120, 4)],
-                       load_s=1.0, rows=6)
+    m = fit_step_model(
+        [step(300, 0), step(40, 2), step(0, 2), step(0, 6), step(0, 5), step(120, 4)],
+        load_s=1.0,
+        rows=6,
+    )
     assert (m.step_s, m.token_s, m.decode_token_s, m.context_token_s) == pytest.approx(
-        (0.2, 0.001, 0.03, 0.0), abs=1e-9)
+        (0.2, 0.001, 0.03, 0.0), abs=1e-9
+    )
     # A fit that wants a negative coefficient drops that term instead.
-    m = fit_step_model([{"batch_tokens": 1, "prefill_tokens": 0, "decode_tokens": d,
-                         "step_seconds": 1.0 - 0.1 * d} for d in (1, 2, 3)], load_s=0.0, rows=3)
+    m = fit_step_model(
+        [
+            {
+                "batch_tokens": 1,
+                "prefill_tokens": 0,
+                "decode_tokens": d,
+                "step_seconds": 1.0 - 0.1 * d,
+            }
+            for d in (1, 2, 3)
+        ],
+        load_s=0.0,
+        rows=3,
+    )
     assert m.decode_token_s == 0.0 and m.step_s == pytest.approx(0.8)
 
 
 def test_fit_finds_the_attention_cost_of_long_contexts():
     def step(d, blocks):
-        return {"batch_tokens": d, "prefill_tokens": 0, "decode_tokens": d, "kv_blocks_used": blocks,
-                "step_seconds": 0.1 + 0.02 * d + 0.0005 * blocks * 16}
+        return {
+            "batch_tokens": d,
+            "prefill_tokens": 0,
+            "decode_tokens": d,
+            "kv_blocks_used": blocks,
+            "step_seconds": 0.1 + 0.02 * d + 0.0005 * blocks * 16,
+        }
 
-    m = fit_step_model([step(2, 100), step(2, 110), step(4, 40), step(4, 60), step(3, 200)],
-                       load_s=0.0, rows=4, block_size=16)
+    m = fit_step_model(
+        [step(2, 100), step(2, 110), step(4, 40), step(4, 60), step(3, 200)],
+        load_s=0.0,
+        rows=4,
+        block_size=16,
+    )
     assert (m.step_s, m.decode_token_s, m.context_token_s) == pytest.approx((0.1, 0.02, 0.0005))
     # Two rows of 100 prompt tokens, 10 new tokens each: 2 * 10 * (100 + 5) context-token steps.
-    m = StepModel(step_s=0.0, token_s=0.0, load_s=0.0, source="t", decode_token_s=0.0,
-                  context_token_s=0.001)
+    m = StepModel(
+        step_s=0.0, token_s=0.0, load_s=0.0, source="t", decode_token_s=0.0, context_token_s=0.001
+    )
     assert m.forward_seconds(0, [10, 10], 8, prompts=[100, 100]) == pytest.approx(2.1)
 
 
@@ -129,7 +165,9 @@ def test_api_equivalent_prices_the_same_tokens():
 
 
 def test_cost_model_and_reports_import_no_torch():
-    code = ("import sys, jobrunner.telemetry.cost, jobrunner.telemetry.report, "
-            "jobrunner.telemetry.prom, jobrunner.telemetry.throughput, jobrunner.telemetry.sampler; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, jobrunner.telemetry.cost, jobrunner.telemetry.report, "
+        "jobrunner.telemetry.prom, jobrunner.telemetry.throughput, jobrunner.telemetry.sampler; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

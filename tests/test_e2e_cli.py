@@ -13,9 +13,16 @@ from tests.conftest import write_job
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is a tuple?", "Name a prime number.", "What does HTTP stand for?",
-             "Say hello in French.", "What is 3 times 4?", "Give a synonym for fast.",
-             "What colour is grass?", "Spell the word cat backwards."]
+QUESTIONS = [
+    "What is a tuple?",
+    "Name a prime number.",
+    "What does HTTP stand for?",
+    "Say hello in French.",
+    "What is 3 times 4?",
+    "Give a synonym for fast.",
+    "What colour is grass?",
+    "Spell the word cat backwards.",
+]
 
 
 def run_cli(*args):
@@ -30,9 +37,15 @@ def chat_job(tmp_path):
     data = tmp_path / "mine.jsonl"
     with open(data, "w") as f:
         for i, q in enumerate(QUESTIONS):
-            f.write(json.dumps({"qid": f"q-{i}", "lang": "en",
-                                "messages": [{"role": "user", "content": q}]}) + "\n")
-    return write_job(tmp_path / "job.yaml", f"""
+            f.write(
+                json.dumps(
+                    {"qid": f"q-{i}", "lang": "en", "messages": [{"role": "user", "content": q}]}
+                )
+                + "\n"
+            )
+    return write_job(
+        tmp_path / "job.yaml",
+        f"""
 name: mine
 model: {{source: smollm2-135m-instruct, dtype: float32, max_model_len: 1024}}
 input:
@@ -40,8 +53,9 @@ input:
   id_column: qid
   prompt: {{messages_column: messages}}
 generation: {{max_new_tokens: 8}}
-output: {{path: {tmp_path / 'out'}, format: parquet, shard_rows: 3}}
-""")
+output: {{path: {tmp_path / "out"}, format: parquet, shard_rows: 3}}
+""",
+    )
 
 
 def test_chat_job_every_row_once_and_report_matches_rows(chat_job, tmp_path):
@@ -52,8 +66,18 @@ def test_chat_job_every_row_once_and_report_matches_rows(chat_job, tmp_path):
     out = tmp_path / "out"
     rows = pq.read_table(out / "results").to_pylist()
     assert sorted(r["id"] for r in rows) == sorted(f"q-{i}" for i in range(8))
-    assert set(rows[0]) >= {"lang", "messages", "id", "completion", "finish_reason", "prompt_tokens",
-                            "cached_tokens", "completion_tokens", "cost_usd", "model"}
+    assert set(rows[0]) >= {
+        "lang",
+        "messages",
+        "id",
+        "completion",
+        "finish_reason",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "cost_usd",
+        "model",
+    }
     assert all(r["completion"] and r["completion_tokens"] > 0 for r in rows)
     assert all(r["finish_reason"] in ("stop", "length") for r in rows)
     report = json.loads((out / "report.json").read_text())
@@ -77,16 +101,23 @@ def test_finished_job_rerun_does_nothing(chat_job, tmp_path):
 def test_static_engine_text_column_jsonl_output(tmp_path):
     data = tmp_path / "in.csv"
     data.write_text("prompt\n" + "\n".join(QUESTIONS[:4]) + "\n")
-    job = write_job(tmp_path / "job.yaml", f"""
+    job = write_job(
+        tmp_path / "job.yaml",
+        f"""
 model: {{dtype: float32}}
 input: {{path: {data}}}
 generation: {{max_new_tokens: 6}}
-output: {{path: {tmp_path / 'o'}, format: jsonl}}
+output: {{path: {tmp_path / "o"}, format: jsonl}}
 engine: {{kind: static}}
-""")
+""",
+    )
     code, summary = run_cli("run", str(job))
     assert code == 0 and summary["rows"]["succeeded"] == 4
-    lines = [json.loads(x) for f in sorted((tmp_path / "o" / "results").iterdir()) for x in f.read_text().splitlines()]
+    lines = [
+        json.loads(x)
+        for f in sorted((tmp_path / "o" / "results").iterdir())
+        for x in f.read_text().splitlines()
+    ]
     assert sorted(r["id"] for r in lines) == [f"in.csv:{i}" for i in range(4)]
 
 
@@ -100,16 +131,25 @@ def test_bad_config_exits_78_before_loading(tmp_path):
 def test_unknown_model_exits_78(tmp_path):
     data = tmp_path / "in.jsonl"
     data.write_text('{"id": 1, "prompt": "x"}\n')
-    job = write_job(tmp_path / "job.yaml", f"model: {{source: no-such-model}}\ninput: {{path: {data}}}\noutput: {{path: {tmp_path / 'o'}}}\n")
+    job = write_job(
+        tmp_path / "job.yaml",
+        f"model: {{source: no-such-model}}\ninput: {{path: {data}}}\noutput: {{path: {tmp_path / 'o'}}}\n",
+    )
     assert run_cli("run", str(job))[0] == 78
 
 
 def test_validate_counts_rows_without_weights(tmp_path):
     data = tmp_path / "in.jsonl"
-    data.write_text('{"id": 1, "prompt": "hello"}\n{"id": 2, "prompt": ""}\n{"id": 3, "prompt": "bye"}\n')
+    data.write_text(
+        '{"id": 1, "prompt": "hello"}\n{"id": 2, "prompt": ""}\n{"id": 3, "prompt": "bye"}\n'
+    )
     job = write_job(tmp_path / "job.yaml", f"input: {{path: {data}, max_error_rate: 0.5}}\n")
     code, summary = run_cli("validate", str(job))
     assert code == 0
-    assert (summary["rows"], summary["valid"], summary["errors_by_code"]) == (3, 2, {"empty_prompt": 1})
+    assert (summary["rows"], summary["valid"], summary["errors_by_code"]) == (
+        3,
+        2,
+        {"empty_prompt": 1},
+    )
     code, _ = run_cli("validate", str(job), "--set", "input.max_error_rate=0.1")
     assert code == 65

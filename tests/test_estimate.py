@@ -13,8 +13,13 @@ from jobrunner.cli import app
 from jobrunner.config import JobConfig
 from jobrunner.estimate import _cached
 
-PROMPTS = ["What is a Python list?", "What is a Python list?", "Name three sorting algorithms.",
-           "", "Why use a generator?"]
+PROMPTS = [
+    "What is a Python list?",
+    "What is a Python list?",
+    "Name three sorting algorithms.",
+    "",
+    "Why use a generator?",
+]
 JOB = """name: estimate-test
 model: {{source: smollm2-135m-instruct, dtype: float32, max_model_len: 512}}
 input: {{path: {input}, id_column: id, prompt: {{column: prompt}}, max_error_rate: 0.5}}
@@ -26,8 +31,10 @@ engine: {{kind: paged, kv_cache_bytes: 20000000}}
 
 @pytest.fixture
 def job(tmp_path):
-    pq.write_table(pa.Table.from_pylist([{"id": f"q{i}", "prompt": p} for i, p in enumerate(PROMPTS)]),
-                   tmp_path / "in.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"id": f"q{i}", "prompt": p} for i, p in enumerate(PROMPTS)]),
+        tmp_path / "in.parquet",
+    )
     path = tmp_path / "job.yaml"
     path.write_text(JOB.format(input=tmp_path / "in.parquet", out=tmp_path / "out"))
     return path
@@ -36,7 +43,9 @@ def job(tmp_path):
 def _forbid_weights(monkeypatch):
     import jobrunner.engine.loader as loader
 
-    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("estimate loaded weights"))
+    monkeypatch.setattr(
+        loader, "load_model", lambda *a, **k: pytest.fail("estimate loaded weights")
+    )
 
 
 def test_estimate_counts_rows_and_tokens_without_weights(job, monkeypatch):
@@ -49,13 +58,19 @@ def test_estimate_counts_rows_and_tokens_without_weights(job, monkeypatch):
     assert summary["estimate"] == str(job.parent / "out" / "estimate.json")
     val = cli.invoke(app, ["validate", str(job)])  # an independent count of the same prompts
     counted = json.loads(val.stdout.strip().splitlines()[-1])
-    assert (est["rows"], est["valid_rows"], est["invalid_rows"], est["deduplicated"]) == (5, 4, 1, 1)
+    assert (est["rows"], est["valid_rows"], est["invalid_rows"], est["deduplicated"]) == (
+        5,
+        4,
+        1,
+        1,
+    )
     assert est["prompt_tokens"] == counted["prompt_tokens"]
     assert est["completion_tokens"] == est["completion_tokens_max"] == 4 * 6
     assert est["completion_source"].startswith("upper bound")
     assert est["throughput"]["source"].startswith("roofline default")
     assert est["wall_seconds"] > 0 and est["cost_usd"] == pytest.approx(
-        est["wall_seconds"] * est["usd_per_hour"] / 3600)
+        est["wall_seconds"] * est["usd_per_hour"] / 3600
+    )
     assert {a["model"] for a in est["api_equivalent"]} >= {"gpt-4o-mini", "claude-3.5-haiku"}
 
 
@@ -90,12 +105,15 @@ def test_calibration_measures_lengths_and_speed_with_the_real_model(job):
     assert est["throughput"]["load_s"] > 0
 
 
-@pytest.mark.parametrize(("model", "want"), [
-    ({"dtype": "float32"}, 46080),  # 30 layers x 3 KV heads x 64 x (K, V) x 4 bytes
-    ({"dtype": "float32", "quantization": "int8"}, 46080),  # int8 weights: the cache stays
-    ({"dtype": "float32", "kv_cache_dtype": "float16"}, 23040),
-    ({"dtype": "bfloat16", "kv_cache_dtype": "int8"}, 11880),  # 64 codes + a 2-byte scale
-])
+@pytest.mark.parametrize(
+    ("model", "want"),
+    [
+        ({"dtype": "float32"}, 46080),  # 30 layers x 3 KV heads x 64 x (K, V) x 4 bytes
+        ({"dtype": "float32", "quantization": "int8"}, 46080),  # int8 weights: the cache stays
+        ({"dtype": "float32", "kv_cache_dtype": "float16"}, 23040),
+        ({"dtype": "bfloat16", "kv_cache_dtype": "int8"}, 11880),  # 64 codes + a 2-byte scale
+    ],
+)
 def test_kv_bytes_per_token_follow_the_cache_format_not_the_weights(model, want):
     from jobrunner.estimate import kv_bytes_per_token
 

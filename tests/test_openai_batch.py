@@ -49,35 +49,54 @@ def render(messages):
 
 
 def test_body_fields_become_per_line_sampling_params():
-    got = parse_line(line("a", CHAT, chat("hi", max_tokens=7, temperature=0.5, top_p=0.9,
-                                          stop="END", seed=42)), DEFAULTS, render)
-    assert got.sampling == SamplingParams(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=42,
-                                          stop=("END",))
+    got = parse_line(
+        line("a", CHAT, chat("hi", max_tokens=7, temperature=0.5, top_p=0.9, stop="END", seed=42)),
+        DEFAULTS,
+        render,
+    )
+    assert got.sampling == SamplingParams(
+        max_new_tokens=7, temperature=0.5, top_p=0.9, seed=42, stop=("END",)
+    )
     assert got.text == "user:hi" and got.seed == 42 and got.model == "gpt-4o-mini"
-    got = parse_line(line("b", COMPL, {"prompt": "x", "max_tokens": 9, "max_completion_tokens": 4,
-                                       "stop": ["a", "b"]}), DEFAULTS, render)
+    got = parse_line(
+        line(
+            "b",
+            COMPL,
+            {"prompt": "x", "max_tokens": 9, "max_completion_tokens": 4, "stop": ["a", "b"]},
+        ),
+        DEFAULTS,
+        render,
+    )
     assert (got.endpoint, got.text, got.sampling.max_new_tokens, got.sampling.stop) == (
-        COMPL, "x", 4, ("a", "b"))
+        COMPL,
+        "x",
+        4,
+        ("a", "b"),
+    )
     assert got.sampling.temperature == 0.0 and got.seed is None  # omitted: the job's values
-    got = parse_line(line("c", COMPL, {"prompt": [[1, 2, 3]], "n": 1, "logprobs": None}),
-                     DEFAULTS, render)
+    got = parse_line(
+        line("c", COMPL, {"prompt": [[1, 2, 3]], "n": 1, "logprobs": None}), DEFAULTS, render
+    )
     assert got.token_ids == [1, 2, 3]
 
 
-@pytest.mark.parametrize("values, code, field", [
-    (line("a", "/v1/embeddings", {"input": "x"}), "unknown_endpoint", "url"),
-    (line("a", CHAT, chat("x"), method="GET"), "bad_method", "method"),
-    (line("a", CHAT, "not an object"), "bad_body", "body"),
-    (line("a", CHAT, {"model": "m"}), "bad_body", "body.messages"),
-    (line("a", CHAT, chat("x", n=2)), "unsupported", "body.n"),
-    (line("a", CHAT, chat("x", logprobs=True)), "unsupported", "body.logprobs"),
-    (line("a", COMPL, {"prompt": "x", "logprobs": 3}), "unsupported", "body.logprobs"),
-    (line("a", CHAT, chat("x", temperature="hot")), "bad_body", "body.temperature"),
-    (line("a", CHAT, chat("x", max_tokens=0)), "bad_body", "body.max_tokens"),
-    (line("a", CHAT, chat("x", stop=[1])), "bad_body", "body.stop"),
-    (line("a", COMPL, {"prompt": ["p", "q"]}), "bad_body", "body.prompt"),
-    (line("a", COMPL, {"prompt": "  "}), "empty_prompt", "body.prompt"),
-])
+@pytest.mark.parametrize(
+    "values, code, field",
+    [
+        (line("a", "/v1/embeddings", {"input": "x"}), "unknown_endpoint", "url"),
+        (line("a", CHAT, chat("x"), method="GET"), "bad_method", "method"),
+        (line("a", CHAT, "not an object"), "bad_body", "body"),
+        (line("a", CHAT, {"model": "m"}), "bad_body", "body.messages"),
+        (line("a", CHAT, chat("x", n=2)), "unsupported", "body.n"),
+        (line("a", CHAT, chat("x", logprobs=True)), "unsupported", "body.logprobs"),
+        (line("a", COMPL, {"prompt": "x", "logprobs": 3}), "unsupported", "body.logprobs"),
+        (line("a", CHAT, chat("x", temperature="hot")), "bad_body", "body.temperature"),
+        (line("a", CHAT, chat("x", max_tokens=0)), "bad_body", "body.max_tokens"),
+        (line("a", CHAT, chat("x", stop=[1])), "bad_body", "body.stop"),
+        (line("a", COMPL, {"prompt": ["p", "q"]}), "bad_body", "body.prompt"),
+        (line("a", COMPL, {"prompt": "  "}), "empty_prompt", "body.prompt"),
+    ],
+)
 def test_bad_lines_are_rejected_with_code_and_field(values, code, field):
     with pytest.raises(RenderError) as e:
         parse_line(values, DEFAULTS, render)
@@ -85,36 +104,71 @@ def test_bad_lines_are_rejected_with_code_and_field(values, code, field):
 
 
 def test_duplicate_custom_ids_are_line_errors_not_a_job_failure(tmp_path):
-    data = write_lines(tmp_path / "b.jsonl", [line("x", CHAT, chat("a")), line("y", CHAT, chat("b")),
-                                             line("x", CHAT, chat("c")), {"method": "POST"}])
+    data = write_lines(
+        tmp_path / "b.jsonl",
+        [
+            line("x", CHAT, chat("a")),
+            line("y", CHAT, chat("b")),
+            line("x", CHAT, chat("c")),
+            {"method": "POST"},
+        ],
+    )
     cfg = JobConfig.model_validate({"input": {"path": str(data), "format": "openai-batch"}})
     assert scan_ids(cfg) == (4, {})  # the pre-scan does not fail the job
     prep = make_preparer(cfg, tokenizer=None)
     ids = [prep.row_id(r) for r in read_rows(str(data), "openai-batch")]
     assert ids[:2] == ["x", "y"]
     assert (ids[2].code, ids[2].id, ids[2].custom_id, ids[2].source.line) == (
-        "duplicate_custom_id", "b.jsonl:2", "x", 3)
+        "duplicate_custom_id",
+        "b.jsonl:2",
+        "x",
+        3,
+    )
     assert (ids[3].code, ids[3].id, ids[3].custom_id) == ("missing_custom_id", "b.jsonl:3", None)
 
 
 def test_error_lines_have_the_batch_api_shape_and_jobrunner_fields():
-    e = BatchLineError("duplicate_custom_id", "dup", RowRef("b.jsonl", 2, line=3), "b.jsonl:2",
-                       "custom_id", custom_id="x")
+    e = BatchLineError(
+        "duplicate_custom_id",
+        "dup",
+        RowRef("b.jsonl", 2, line=3),
+        "b.jsonl:2",
+        "custom_id",
+        custom_id="x",
+    )
     rec = error_record(e)
     assert list(rec)[:4] == ["id", "custom_id", "response", "error"]
     assert (rec["id"], rec["custom_id"], rec["response"], rec["line"], rec["code"]) == (
-        "b.jsonl:2", "x", None, 3, "duplicate_custom_id")
+        "b.jsonl:2",
+        "x",
+        None,
+        3,
+        "duplicate_custom_id",
+    )
     err = BatchError.model_validate(rec["error"])
-    assert (err.code, err.line, err.param, err.message) == ("duplicate_custom_id", 3, "custom_id", "dup")
-    engine_failure = error_record(RowError("oom", "out of memory", RowRef("b.jsonl", 0, line=1), "y"))
+    assert (err.code, err.line, err.param, err.message) == (
+        "duplicate_custom_id",
+        3,
+        "custom_id",
+        "dup",
+    )
+    engine_failure = error_record(
+        RowError("oom", "out of memory", RowRef("b.jsonl", 0, line=1), "y")
+    )
     assert engine_failure["custom_id"] == "y"
 
 
 def test_static_engine_batches_only_lines_generate_can_share():
     def req(i, **kw):
         return Request(str(i), [1], SamplingParams(**kw))
-    reqs = [req(0), req(1, stop=("\n",)), req(2, max_new_tokens=3), req(3, temperature=0.7),
-            req(4, stop=("\n",), temperature=0.0)]
+
+    reqs = [
+        req(0),
+        req(1, stop=("\n",)),
+        req(2, max_new_tokens=3),
+        req(3, temperature=0.7),
+        req(4, stop=("\n",), temperature=0.0),
+    ]
     assert [[r.id for r in g] for g in sampling_groups(reqs)] == [["0", "2"], ["1", "4"], ["3"]]
 
 
@@ -130,20 +184,34 @@ def tokenizer():
 
 def test_chat_uses_the_template_completions_the_raw_prompt(tmp_path, tokenizer, caplog):
     msgs = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
-    data = write_lines(tmp_path / "b.jsonl", [
-        line("c", CHAT, {"model": "gpt-4o-mini", "messages": msgs, "seed": 5, "temperature": 1.0}),
-        line("p", COMPL, {"model": "gpt-4o-mini", "prompt": "Once upon a time", "max_tokens": 3}),
-        line("t", COMPL, {"model": "other", "prompt": [5, 6, 7], "user": "u1", "store": True}),
-        line("v", COMPL, {"prompt": [10**9]}),
-    ])
-    cfg = JobConfig.model_validate({"input": {"path": str(data), "format": "openai-batch"},
-                                    "generation": {"max_new_tokens": 11}})
+    data = write_lines(
+        tmp_path / "b.jsonl",
+        [
+            line(
+                "c", CHAT, {"model": "gpt-4o-mini", "messages": msgs, "seed": 5, "temperature": 1.0}
+            ),
+            line(
+                "p", COMPL, {"model": "gpt-4o-mini", "prompt": "Once upon a time", "max_tokens": 3}
+            ),
+            line("t", COMPL, {"model": "other", "prompt": [5, 6, 7], "user": "u1", "store": True}),
+            line("v", COMPL, {"prompt": [10**9]}),
+        ],
+    )
+    cfg = JobConfig.model_validate(
+        {
+            "input": {"path": str(data), "format": "openai-batch"},
+            "generation": {"max_new_tokens": 11},
+        }
+    )
     prep = make_preparer(cfg, tokenizer)
     assert isinstance(prep, OpenAIPreparer)
     with caplog.at_level(logging.WARNING, logger="jobrunner.prep.openai"):
         c, p, t, v = prep.prepare(read_rows(str(data), "openai-batch"))
-    templated = tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."},
-                                               msgs[1]], tokenize=False, add_generation_prompt=True)
+    templated = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, msgs[1]],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert c.prompt_token_ids == tokenizer(templated, add_special_tokens=False)["input_ids"]
     assert c.prompt.startswith("<|im_start|>system\nBe brief.")
     assert p.prompt_token_ids == tokenizer("Once upon a time")["input_ids"]
@@ -151,12 +219,18 @@ def test_chat_uses_the_template_completions_the_raw_prompt(tmp_path, tokenizer, 
     assert (v.code, v.field) == ("bad_body", "body.prompt")
     assert (c.sampling.max_new_tokens, c.sampling.temperature, c.seq_seed) == (11, 1.0, 5)
     assert (p.sampling.max_new_tokens, p.meta["endpoint"], c.meta["endpoint"]) == (3, COMPL, CHAT)
-    assert p.columns == {"method": "POST", "url": COMPL, "body": json.loads(
-        data.read_text().splitlines()[1])["body"]}
+    assert p.columns == {
+        "method": "POST",
+        "url": COMPL,
+        "body": json.loads(data.read_text().splitlines()[1])["body"],
+    }
     warnings = [r for r in caplog.records if "differs from the job's model" in r.getMessage()]
     assert len(warnings) == 1
-    unused = sorted(r.getMessage().split("body.")[1].split()[0] for r in caplog.records
-                    if "is not used" in r.getMessage())
+    unused = sorted(
+        r.getMessage().split("body.")[1].split()[0]
+        for r in caplog.records
+        if "is not used" in r.getMessage()
+    )
     assert unused == ["store", "user"]
 
 
@@ -171,8 +245,11 @@ def run_cli(*args):
 
 MIXED = [
     line("chat-1", CHAT, chat("What is a tuple in Python?", max_tokens=6)),
-    line("compl-1", COMPL, {"model": "gpt-4o-mini", "prompt": "The capital of France is",
-                            "max_tokens": 5}),
+    line(
+        "compl-1",
+        COMPL,
+        {"model": "gpt-4o-mini", "prompt": "The capital of France is", "max_tokens": 5},
+    ),
     line("chat-long", CHAT, chat("Explain Python decorators in detail.", max_completion_tokens=3)),
     line("bad-url", "/v1/embeddings", {"model": "m", "input": "x"}),
     line("chat-1", CHAT, chat("Duplicate id.", max_tokens=4)),
@@ -187,13 +264,24 @@ MIXED = [
 def batch_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai_batch")
     data = write_lines(tmp / "requests.jsonl", MIXED)
-    job = write_job(tmp / "job.yaml", f"""
+    job = write_job(
+        tmp / "job.yaml",
+        f"""
 model: {{source: smollm2-135m-instruct}}
 input: {{path: {data}, format: openai-batch}}
-output: {{path: {tmp / 'out'}, format: openai-batch}}
-""")
-    args = ["run", str(job), "--set", "model.dtype=float32", "--set", "input.max_error_rate=0.9",
-            "--set", "engine.kv_cache_bytes=50000000"]
+output: {{path: {tmp / "out"}, format: openai-batch}}
+""",
+    )
+    args = [
+        "run",
+        str(job),
+        "--set",
+        "model.dtype=float32",
+        "--set",
+        "input.max_error_rate=0.9",
+        "--set",
+        "engine.kv_cache_bytes=50000000",
+    ]
     code, summary = run_cli(*args)
     return tmp / "out", args, code, summary
 
@@ -211,9 +299,13 @@ def test_one_output_or_error_line_per_input_line(batch_run):
     assert sorted(o["custom_id"] for o in outputs) == ["chat-1", "chat-long", "compl-1", "compl-2"]
     assert len(outputs) + len(errors) == len(MIXED)
     got = {(e["custom_id"], e["error"]["line"], e["error"]["code"]) for e in errors}
-    assert got == {("bad-url", 4, "unknown_endpoint"), ("chat-1", 5, "duplicate_custom_id"),
-                   (None, 6, "malformed_json"), ("n-two", 7, "unsupported"),
-                   ("logprobs", 9, "unsupported")}
+    assert got == {
+        ("bad-url", 4, "unknown_endpoint"),
+        ("chat-1", 5, "duplicate_custom_id"),
+        (None, 6, "malformed_json"),
+        ("n-two", 7, "unsupported"),
+        ("logprobs", 9, "unsupported"),
+    }
     for e in errors:
         assert e["response"] is None and BatchError.model_validate(e["error"]).line == e["line"]
 
@@ -222,8 +314,12 @@ def test_one_output_or_error_line_per_input_line(batch_run):
 def test_output_lines_parse_with_the_openai_types(batch_run, tokenizer):
     out = batch_run[0]
     by_id = {o["custom_id"]: o for o in read_jsonl(out / "output.jsonl")}
-    for cid, kind in (("chat-1", ChatCompletion), ("chat-long", ChatCompletion),
-                      ("compl-1", Completion), ("compl-2", Completion)):
+    for cid, kind in (
+        ("chat-1", ChatCompletion),
+        ("chat-long", ChatCompletion),
+        ("compl-1", Completion),
+        ("compl-2", Completion),
+    ):
         o = by_id[cid]
         assert o["error"] is None and o["response"]["status_code"] == 200
         body = kind.model_validate(o["response"]["body"])
@@ -244,8 +340,12 @@ def test_output_lines_parse_with_the_openai_types(batch_run, tokenizer):
 def test_batch_summary_costs_and_report_agree_with_the_lines(batch_run):
     out = batch_run[0]
     batch = Batch.model_validate(json.loads((out / "batch.json").read_text()))
-    assert (batch.status, batch.request_counts.total, batch.request_counts.completed,
-            batch.request_counts.failed) == ("completed", 9, 4, 5)
+    assert (
+        batch.status,
+        batch.request_counts.total,
+        batch.request_counts.completed,
+        batch.request_counts.failed,
+    ) == ("completed", 9, 4, 5)
     bodies = [o["response"]["body"] for o in read_jsonl(out / "output.jsonl")]
     assert batch.usage.input_tokens == sum(b["usage"]["prompt_tokens"] for b in bodies)
     assert batch.usage.output_tokens == sum(b["usage"]["completion_tokens"] for b in bodies)
@@ -254,7 +354,9 @@ def test_batch_summary_costs_and_report_agree_with_the_lines(batch_run):
     report = json.loads((out / "report.json").read_text())
     assert report["rows"]["succeeded"] == 4 and report["rows"]["failed"] == 5
     assert report["tokens"]["completion"] == batch.usage.output_tokens
-    assert float(batch.metadata["cost_usd"]) == pytest.approx(sum(r["cost_usd"] for r in shard_rows))
+    assert float(batch.metadata["cost_usd"]) == pytest.approx(
+        sum(r["cost_usd"] for r in shard_rows)
+    )
 
 
 @pytest.mark.slow
@@ -285,30 +387,48 @@ def test_static_engine_honours_each_lines_own_params_in_one_call(model_f32):
     tok = model_f32.tokenizer
 
     def chat_ids(text):
-        return tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        return tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
 
     # "a" has the shortest prompt, so it leads its batch: its stop string must not cut the others.
-    reqs = [Request("a", chat_ids("Hi."), SamplingParams(max_new_tokens=8, stop=(" ",))),
-            Request("b", chat_ids("Explain why the sky is blue."), SamplingParams(max_new_tokens=6)),
-            Request("c", chat_ids("Say something about cats."),
-                    SamplingParams(max_new_tokens=5, temperature=0.8), seq_seed=3)]
+    reqs = [
+        Request("a", chat_ids("Hi."), SamplingParams(max_new_tokens=8, stop=(" ",))),
+        Request("b", chat_ids("Explain why the sky is blue."), SamplingParams(max_new_tokens=6)),
+        Request(
+            "c",
+            chat_ids("Say something about cats."),
+            SamplingParams(max_new_tokens=5, temperature=0.8),
+            seq_seed=3,
+        ),
+    ]
     engine = StaticEngine(model_f32, JobConfig())
     together = {r.id: r for r in engine.generate(reqs)}
     for r in reqs:
         alone = next(iter(StaticEngine(model_f32, JobConfig()).generate([r])))
         got = together[r.id]
         assert (got.token_ids, got.completion, got.finish_reason) == (
-            alone.token_ids, alone.completion, alone.finish_reason)
+            alone.token_ids,
+            alone.completion,
+            alone.finish_reason,
+        )
     assert " " not in together["a"].completion and together["a"].finish_reason.value == "stop"
-    assert (together["b"].usage.completion_tokens, together["b"].finish_reason.value) == (6, "length")
+    assert (together["b"].usage.completion_tokens, together["b"].finish_reason.value) == (
+        6,
+        "length",
+    )
 
 
 def test_the_format_modules_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, jobrunner.io.openai_batch, jobrunner.prep.openai, jobrunner.io.outputs;"
-            " print('torch' in sys.modules)")
+    code = (
+        "import sys, jobrunner.io.openai_batch, jobrunner.prep.openai, jobrunner.io.outputs;"
+        " print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

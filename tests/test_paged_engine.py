@@ -162,8 +162,9 @@ def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
     assert_matches(remapped, reference, rows)
 
 
-@pytest.mark.parametrize(("kv", "bytes_per_token", "min_same"), [("float16", 23040, 0.95),
-                                                                  ("int8", 11880, 0.75)])
+@pytest.mark.parametrize(
+    ("kv", "bytes_per_token", "min_same"), [("float16", 23040, 0.95), ("int8", 11880, 0.75)]
+)
 def test_a_smaller_kv_cache_is_read_by_the_kernel_and_stays_close_to_hf(
     loaded, prompts, reference, kv, bytes_per_token, min_same
 ):

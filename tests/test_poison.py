@@ -38,21 +38,27 @@ def write_poison(path) -> None:
     lines = []
     for n in range(1, 19):
         if n in GOOD:
-            lines.append(json.dumps({"id": GOOD[n], "prompt": f"Name a color number {n}."}).encode())
+            lines.append(
+                json.dumps({"id": GOOD[n], "prompt": f"Name a color number {n}."}).encode()
+            )
         else:
             lines.append(BAD[n][0])
     path.write_bytes(b"\n".join(lines) + b"\n")
 
 
 def write_job(tmp_path, engine: str, **input_extra) -> str:
-    job = {"name": "poison",
-           "model": {"source": "smollm2-135m-instruct", "dtype": "float32", "max_model_len": 64},
-           "input": {"path": str(tmp_path / "poison.jsonl"), "use_chat_template": False,
-                     **input_extra},
-           "generation": {"max_new_tokens": 6},
-           "output": {"path": str(tmp_path / "out"), "format": "jsonl", "shard_rows": 4},
-           "engine": {"kind": engine, "max_num_seqs": 4, "kv_cache_bytes": 16 << 20,
-                      "num_threads": 1}}
+    job = {
+        "name": "poison",
+        "model": {"source": "smollm2-135m-instruct", "dtype": "float32", "max_model_len": 64},
+        "input": {
+            "path": str(tmp_path / "poison.jsonl"),
+            "use_chat_template": False,
+            **input_extra,
+        },
+        "generation": {"max_new_tokens": 6},
+        "output": {"path": str(tmp_path / "out"), "format": "jsonl", "shard_rows": 4},
+        "engine": {"kind": engine, "max_num_seqs": 4, "kv_cache_bytes": 16 << 20, "num_threads": 1},
+    }
     (tmp_path / "job.yaml").write_text(json.dumps(job))
     return str(tmp_path / "job.yaml")
 
@@ -74,11 +80,13 @@ def test_every_bad_row_explained_every_good_row_done(tmp_path, monkeypatch, engi
     assert "12 of 18 rows failed" in summary["error"]
     results = read_results(out)
     assert sorted(x["id"] for x in results) == sorted(GOOD.values())
-    assert all(x["finish_reason"] in ("stop", "length") and x["completion_tokens"] > 0
-               for x in results)
+    assert all(
+        x["finish_reason"] in ("stop", "length") and x["completion_tokens"] > 0 for x in results
+    )
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert sorted((e["line"], e["code"], e["id"]) for e in errors) == sorted(
-        (n, code, row_id) for n, (_, code, row_id) in BAD.items())
+        (n, code, row_id) for n, (_, code, row_id) in BAD.items()
+    )
     for e in errors:
         assert e["file"] == str(tmp_path / "poison.jsonl")
         assert f"line {e['line']}" in e["message"]
@@ -95,8 +103,9 @@ def test_every_bad_row_explained_every_good_row_done(tmp_path, monkeypatch, engi
 
 def test_too_long_prompt_is_truncated_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("JOBRUNNER_NO_PROGRESS", "1")
-    (tmp_path / "poison.jsonl").write_bytes(BAD[5][0] + b"\n" + json.dumps(
-        {"id": "g1", "prompt": "Name a color."}).encode() + b"\n")
+    (tmp_path / "poison.jsonl").write_bytes(
+        BAD[5][0] + b"\n" + json.dumps({"id": "g1", "prompt": "Name a color."}).encode() + b"\n"
+    )
     r, summary = run(write_job(tmp_path, "static", on_too_long="truncate_left"))
     assert r.exit_code == 0, r.output
     rows = {x["id"]: x for x in read_results(tmp_path / "out")}

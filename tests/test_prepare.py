@@ -31,7 +31,9 @@ def test_text_prompt_goes_through_the_chat_template(tokenizer):
 
 
 def test_template_and_system_prompt(tokenizer):
-    c = cfg(prompt={"template": "Summarize: {text}"}, system_prompt="Be brief.", use_chat_template=False)
+    c = cfg(
+        prompt={"template": "Summarize: {text}"}, system_prompt="Be brief.", use_chat_template=False
+    )
     (req,) = Preparer(c, tokenizer).prepare_batch([raw({"id": "a", "text": "cats"})])
     assert req.prompt == "Be brief.\n\nSummarize: cats"
 
@@ -40,21 +42,31 @@ def test_messages_column_accepts_lists_and_json_text(tokenizer):
     msgs = [{"role": "user", "content": "What is 2+2?"}]
     c = cfg(prompt={"messages_column": "messages"})
     a, b = Preparer(c, tokenizer).prepare_batch(
-        [raw({"id": "a", "messages": msgs}), raw({"id": "b", "messages": '[{"role": "user", "content": "What is 2+2?"}]'}, 1)])
+        [
+            raw({"id": "a", "messages": msgs}),
+            raw({"id": "b", "messages": '[{"role": "user", "content": "What is 2+2?"}]'}, 1),
+        ]
+    )
     assert a.prompt_token_ids == b.prompt_token_ids
     assert a.prompt.endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("values, code, field", [
-    ({"id": "a", "prompt": "   "}, "empty_prompt", "prompt"),
-    ({"id": "a"}, "missing_field", "prompt"),
-    ({"id": "a", "prompt": 5}, "bad_type", "prompt"),
-    ({"id": None, "prompt": "x"}, "missing_id", "id"),
-    ({"id": [1], "prompt": "x"}, "bad_type", "id"),
-])
+@pytest.mark.parametrize(
+    "values, code, field",
+    [
+        ({"id": "a", "prompt": "   "}, "empty_prompt", "prompt"),
+        ({"id": "a"}, "missing_field", "prompt"),
+        ({"id": "a", "prompt": 5}, "bad_type", "prompt"),
+        ({"id": None, "prompt": "x"}, "missing_id", "id"),
+        ({"id": [1], "prompt": "x"}, "bad_type", "id"),
+    ],
+)
 def test_bad_rows_become_errors_naming_the_field(tokenizer, values, code, field):
     first = raw({"id": "ok", "prompt": "fine"})
-    ok, (err,) = Preparer(cfg(), tokenizer).prepare_batch([first])[0], Preparer(cfg(), tokenizer).prepare_batch([first, raw(values, 3)])[1:]
+    ok, (err,) = (
+        Preparer(cfg(), tokenizer).prepare_batch([first])[0],
+        Preparer(cfg(), tokenizer).prepare_batch([first, raw(values, 3)])[1:],
+    )
     assert isinstance(ok, Request)
     assert isinstance(err, RowError)
     assert (err.code, err.field, err.source.line) == (code, field, 4)
@@ -73,7 +85,9 @@ def test_too_long_policy(tokenizer):
 
 
 def test_ids_are_derived_when_the_file_has_none(tokenizer):
-    a, b = Preparer(cfg(), tokenizer).prepare_batch([raw({"prompt": "x"}, 0, "d/f.jsonl"), raw({"prompt": "y"}, 1, "d/f.jsonl")])
+    a, b = Preparer(cfg(), tokenizer).prepare_batch(
+        [raw({"prompt": "x"}, 0, "d/f.jsonl"), raw({"prompt": "y"}, 1, "d/f.jsonl")]
+    )
     assert (a.id, b.id) == ("f.jsonl:0", "f.jsonl:1")
 
 

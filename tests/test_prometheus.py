@@ -15,9 +15,16 @@ from jobrunner.types import RowError
 
 
 def _record(i: int, reason: str, completion: int) -> dict:
-    return {"id": f"r{i}", "completion": "x", "finish_reason": reason, "prompt_tokens": 10 + i,
-            "cached_tokens": 4, "completion_tokens": completion, "cost_usd": 0.001 * (i + 1),
-            "model": "m"}
+    return {
+        "id": f"r{i}",
+        "completion": "x",
+        "finish_reason": reason,
+        "prompt_tokens": 10 + i,
+        "cached_tokens": 4,
+        "completion_tokens": completion,
+        "cost_usd": 0.001 * (i + 1),
+        "model": "m",
+    }
 
 
 @pytest.fixture
@@ -27,11 +34,27 @@ def run_dir(tmp_path):
     m = rd.prepare()
     rd.commit(m, [_record(0, "stop", 5), _record(1, "length", 8)], [])
     rd.commit(m, [_record(2, "stop", 3)], [RowError("empty_prompt", "row 3: empty", None, "r3")])
-    m.runs.append({"job": "prom-test", "model": "m", "engine": "paged", "wall_seconds": 12.0,
-                   "load_seconds": 2.0, "engine_seconds": 9.0, "forward_seconds": 8.0, "steps": 3,
-                   "preemptions": 2, "device_name": "cpu", "device_kind": "cpu", "device_count": 2,
-                   "usd_per_hour": 0.1, "price_source": "test", "energy_kwh": None,
-                   "cache_saved_usd": 0.002, "dedup_saved_usd": 0.0})
+    m.runs.append(
+        {
+            "job": "prom-test",
+            "model": "m",
+            "engine": "paged",
+            "wall_seconds": 12.0,
+            "load_seconds": 2.0,
+            "engine_seconds": 9.0,
+            "forward_seconds": 8.0,
+            "steps": 3,
+            "preemptions": 2,
+            "device_name": "cpu",
+            "device_kind": "cpu",
+            "device_count": 2,
+            "usd_per_hour": 0.1,
+            "price_source": "test",
+            "energy_kwh": None,
+            "cache_saved_usd": 0.002,
+            "dedup_saved_usd": 0.0,
+        }
+    )
     rd.mark_success(m)
     write_reports(rd)
     return rd.path
@@ -41,7 +64,9 @@ def _samples(text: str) -> dict:
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job_name")))] = s.value
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job_name")))] = (
+                s.value
+            )
     return out
 
 
@@ -83,7 +108,7 @@ def test_pushgateway_receives_the_same_metrics(run_dir):
         push_metrics(run_dir, f"http://127.0.0.1:{server.server_port}")
     finally:
         server.shutdown()
-    (method, path, body), = _Recorder.pushes
+    ((method, path, body),) = _Recorder.pushes
     assert method == "PUT"
     assert path == "/metrics/job/jobrunner/job_name/prom-test"
     assert _samples(body) == _samples((run_dir / "metrics.prom").read_text())

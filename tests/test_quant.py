@@ -28,8 +28,12 @@ from jobrunner.quant_check import LayerError, propose
 from jobrunner.types import Request, SamplingParams
 
 NEW = 12
-QUESTIONS = ["What is the capital of France?", "Why is the sky blue?",
-             "Explain recursion to a child.", "What does HTTP status 404 mean?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Why is the sky blue?",
+    "Explain recursion to a child.",
+    "What does HTTP status 404 mean?",
+]
 KV_BUDGET = 16 << 20
 
 
@@ -73,7 +77,9 @@ def test_int4_linear_and_embedding_match_the_dequantized_weight():
     deq = ((codes.view(64, 4, 32) - 8) * scale[..., None] + zero[..., None]).view(64, 128)
     assert (deq - w).abs().max() <= scale.max() / 2 + 1e-5
     x = torch.randn(3, 128, generator=g)
-    torch.testing.assert_close(q.linear(q.quantize_weight(w), None)(x), x @ deq.T, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(
+        q.linear(q.quantize_weight(w), None)(x), x @ deq.T, rtol=1e-3, atol=1e-3
+    )
     ids = torch.tensor([[0, 63, 5]])
     torch.testing.assert_close(q.embedding(w, None)(ids), deq[ids], rtol=1e-5, atol=1e-5)
     assert q.supports(torch.zeros(8, 100)) == "100 input channels, not a multiple of 32"
@@ -103,15 +109,20 @@ def test_kv_bytes_per_token_for_smollm2_shape():
 def test_a_minimum_agreement_without_a_quality_check_is_a_config_error(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("model:\n  quantization: int8\n  quality_min_agreement: 0.9\n")
-    with pytest.raises(ConfigError, match=r"job.yaml:1 model: quality_min_agreement needs quality_check"):
+    with pytest.raises(
+        ConfigError, match=r"job.yaml:1 model: quality_min_agreement needs quality_check"
+    ):
         load_job(job)
 
 
 def test_propose_keeps_lm_head_and_the_worst_five_percent():
     errs = [LayerError(f"model.layers.{i}.mlp.down_proj", 8, 8, 1.0 - i / 100) for i in range(40)]
     errs.insert(3, LayerError("lm_head", 8, 8, 0.01))
-    assert propose(errs) == ["lm_head", "model.layers.0.mlp.down_proj",
-                             "model.layers.1.mlp.down_proj"]
+    assert propose(errs) == [
+        "lm_head",
+        "model.layers.0.mlp.down_proj",
+        "model.layers.1.mlp.down_proj",
+    ]
 
 
 def test_exact_prefix_counts_missing_tokens_as_different():
@@ -141,8 +152,9 @@ def fresh(base):
 def reqs(base) -> list[Request]:
     out = []
     for i, q in enumerate(QUESTIONS):
-        ids = base.tokenizer.apply_chat_template([{"role": "user", "content": q}],
-                                                 add_generation_prompt=True, tokenize=True)
+        ids = base.tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
         ids = list(ids if isinstance(ids, list) else ids["input_ids"])
         out.append(Request(f"q{i}", ids, SamplingParams(max_new_tokens=NEW, ignore_eos=True)))
     return out
@@ -172,10 +184,12 @@ def agreement(loaded, reqs, ref_tokens) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "max_memory", "min_agreement"), [("int8", 0.55, 0.85),
-                                                                   ("int4", 0.35, 0.55)])
-def test_weights_shrink_and_greedy_outputs_stay_close(base, reqs, reference, mode, max_memory,
-                                                      min_agreement):
+@pytest.mark.parametrize(
+    ("mode", "max_memory", "min_agreement"), [("int8", 0.55, 0.85), ("int4", 0.35, 0.55)]
+)
+def test_weights_shrink_and_greedy_outputs_stay_close(
+    base, reqs, reference, mode, max_memory, min_agreement
+):
     loaded = fresh(base)
     tokens, engine = generate(loaded, reqs, mode)
     assert weight_bytes(loaded.model) <= max_memory * weight_bytes(base.model)
@@ -224,8 +238,10 @@ def test_static_engine_runs_quantized_weights_and_refuses_a_quantized_kv_cache(b
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="fp8 needs a CUDA GPU with compute capability 8.9+")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="fp8 needs a CUDA GPU with compute capability 8.9+",
+)
 def test_fp8_weights_on_gpu(reqs):
     from jobrunner.engine.loader import load_model
 
@@ -267,7 +283,9 @@ def test_quality_gate_fails_the_job_above_what_the_model_achieves(base, tmp_path
     assert measured["rows"] == 3 and 3 <= measured["tokens"] <= 3 * NEW  # EOS may end a row early
     assert 0.0 < measured["agreement"] < 1.0 and measured["ppl_change"] > 0.0
     above = math.floor(measured["agreement"] * 1000 + 1) / 1000
-    res = CliRunner().invoke(app, ["run", str(job), "--set", f"model.quality_min_agreement={above}"])
+    res = CliRunner().invoke(
+        app, ["run", str(job), "--set", f"model.quality_min_agreement={above}"]
+    )
     assert res.exit_code == 65, res.output
     assert "model.quality_min_agreement" in res.output
     assert not (tmp_path / "out" / "_SUCCESS").exists()
@@ -296,8 +314,19 @@ def test_quantize_check_writes_a_plan_the_job_accepts(tmp_path):
     write_input(tmp_path, 2)
     job = tmp_path / "job.yaml"
     job.write_text(JOB.format(quant="none", dir=tmp_path, new=4, kv=KV_BUDGET))
-    res = CliRunner().invoke(app, ["quantize-check", str(job), "--sample", "2", "--quantization",
-                                   "int4", "--write", str(tmp_path / "planned.yaml")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "quantize-check",
+            str(job),
+            "--sample",
+            "2",
+            "--quantization",
+            "int4",
+            "--write",
+            str(tmp_path / "planned.yaml"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["layers"] == 211 and summary["sampled_rows"] == 2

@@ -27,8 +27,24 @@ from jobrunner.pipeline import RunOptions
 from jobrunner.types import RowError, RowRef
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPICS = ["lists", "dicts", "sets", "tuples", "generators", "decorators", "classes", "modules",
-          "exceptions", "files", "strings", "loops", "functions", "lambdas", "imports", "typing"]
+TOPICS = [
+    "lists",
+    "dicts",
+    "sets",
+    "tuples",
+    "generators",
+    "decorators",
+    "classes",
+    "modules",
+    "exceptions",
+    "files",
+    "strings",
+    "loops",
+    "functions",
+    "lambdas",
+    "imports",
+    "typing",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +52,24 @@ def input_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("input") / "questions.jsonl"
     with open(path, "w", encoding="utf-8") as f:
         for i, t in enumerate(TOPICS):
-            f.write(json.dumps({"id": f"q{i:02d}", "prompt": f"In one sentence, what are Python {t}?"}) + "\n")
+            f.write(
+                json.dumps({"id": f"q{i:02d}", "prompt": f"In one sentence, what are Python {t}?"})
+                + "\n"
+            )
         f.write(json.dumps({"id": "q16", "prompt": "word " * 3000}) + "\n")  # too long: fails
     return path
 
 
 def job(input_file: Path, out: Path, executor: str = "ray", **ray) -> dict:
-    return {"model": {"dtype": "float32"}, "input": {"path": str(input_file), "max_error_rate": 0.5},
-            "generation": {"max_new_tokens": 8}, "engine": {"kind": "static"},
-            "output": {"path": str(out), "format": "jsonl"}, "executor": executor,
-            "ray": {"num_workers": 2, "block_rows": 4, **ray}}
+    return {
+        "model": {"dtype": "float32"},
+        "input": {"path": str(input_file), "max_error_rate": 0.5},
+        "generation": {"max_new_tokens": 8},
+        "engine": {"kind": "static"},
+        "output": {"path": str(out), "format": "jsonl"},
+        "executor": executor,
+        "ray": {"num_workers": 2, "block_rows": 4, **ray},
+    }
 
 
 def run(data: dict, **opts):
@@ -61,8 +85,12 @@ def results(out: Path) -> dict[str, tuple]:
         for line in shard.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             assert r["id"] not in seen, f"{r['id']} twice (again in {shard.name})"
-            seen[r["id"]] = (r["completion"], r["finish_reason"], r["prompt_tokens"],
-                             r["completion_tokens"])
+            seen[r["id"]] = (
+                r["completion"],
+                r["finish_reason"],
+                r["prompt_tokens"],
+                r["completion_tokens"],
+            )
     return seen
 
 
@@ -136,8 +164,9 @@ def cluster():
     ray = pytest.importorskip("ray")
     import logging
 
-    ray.init(num_cpus=3, include_dashboard=False, logging_level=logging.WARNING,
-             log_to_driver=False)
+    ray.init(
+        num_cpus=3, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False
+    )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -150,7 +179,9 @@ def local_results(input_file, tmp_path_factory) -> dict[str, tuple]:
 
 
 @pytest.mark.slow
-def test_ray_run_equals_local_run_and_reports_each_worker(cluster, input_file, local_results, tmp_path):
+def test_ray_run_equals_local_run_and_reports_each_worker(
+    cluster, input_file, local_results, tmp_path
+):
     out = tmp_path / "run"
     summary = run(job(input_file, out))
     assert summary.status == "done"
@@ -159,7 +190,9 @@ def test_ray_run_equals_local_run_and_reports_each_worker(cluster, input_file, l
     assert errors(out) == [("q16", "too_long")]
     assert len(local_results) == 16
     m = json.loads((out / "manifest.json").read_text())
-    assert sorted(s["name"] for s in m["shards"]) == [f"part-r0001-b{k:05d}.jsonl" for k in range(4)]
+    assert sorted(s["name"] for s in m["shards"]) == [
+        f"part-r0001-b{k:05d}.jsonl" for k in range(4)
+    ]
     (rec,) = m["runs"]
     assert rec["executor"] == "ray" and sum(w["rows"] for w in rec["workers"]) == 16
     assert sum(w["blocks"] for w in rec["workers"]) == 5  # the 5th holds only q16: no shard
@@ -173,8 +206,9 @@ def test_ray_run_equals_local_run_and_reports_each_worker(cluster, input_file, l
 
 
 @pytest.mark.slow
-def test_worker_killed_after_a_commit_still_gives_every_row_once(cluster, input_file, local_results,
-                                                                  tmp_path, monkeypatch):
+def test_worker_killed_after_a_commit_still_gives_every_row_once(
+    cluster, input_file, local_results, tmp_path, monkeypatch
+):
     marker = tmp_path / "worker-died"
     monkeypatch.setenv("JOBRUNNER_RAY_FAULT_MARKER", str(marker))
     out = tmp_path / "run"
@@ -195,8 +229,13 @@ def test_resume_after_the_driver_is_killed(cluster, input_file, local_results, t
     job_file.write_text(yaml.safe_dump(job(input_file, out, num_workers=1, block_rows=2)))
     env = {**os.environ, "RAY_ADDRESS": cluster, "JOBRUNNER_NO_PROGRESS": "1"}
     cli = "from jobrunner.cli import main; main()"
-    driver = subprocess.Popen([sys.executable, "-c", cli, "run", str(job_file)],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", cli, "run", str(job_file)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 240
     while not list((out / "results").glob("part-*")) and driver.poll() is None:
         assert time.monotonic() < deadline, "no shard committed in time"

@@ -23,11 +23,23 @@ def test_parquet_streams_every_row_with_its_index(tmp_path):
 
 def test_jsonl_bad_lines_are_errors_and_neighbours_survive(tmp_path):
     f = tmp_path / "in.jsonl"
-    f.write_bytes(b'{"id": "a", "prompt": "x"}\n{not json\n\n[1, 2]\n{"id": "b", "prompt": "\xff\xfe"}\n'
-                  b'{"id": "c", "prompt": "z"}\n')
+    f.write_bytes(
+        b'{"id": "a", "prompt": "x"}\n{not json\n\n[1, 2]\n{"id": "b", "prompt": "\xff\xfe"}\n'
+        b'{"id": "c", "prompt": "z"}\n'
+    )
     got = list(read_rows(str(f)))
-    assert [type(g).__name__ for g in got] == ["RawRow", "RowError", "RowError", "RowError", "RawRow"]
-    assert [g.code for g in got if isinstance(g, RowError)] == ["malformed_json", "not_an_object", "invalid_utf8"]
+    assert [type(g).__name__ for g in got] == [
+        "RawRow",
+        "RowError",
+        "RowError",
+        "RowError",
+        "RawRow",
+    ]
+    assert [g.code for g in got if isinstance(g, RowError)] == [
+        "malformed_json",
+        "not_an_object",
+        "invalid_utf8",
+    ]
     assert [g.source.line for g in got] == [1, 2, 4, 5, 6]
     assert got[-1].values == {"id": "c", "prompt": "z"}
 
@@ -36,7 +48,10 @@ def test_csv_keeps_strings_and_line_numbers(tmp_path):
     f = tmp_path / "in.csv"
     f.write_text('id,prompt\n007,"hello, world"\n8,bye\n')
     got = list(read_rows(str(f)))
-    assert [g.values for g in got] == [{"id": "007", "prompt": "hello, world"}, {"id": "8", "prompt": "bye"}]
+    assert [g.values for g in got] == [
+        {"id": "007", "prompt": "hello, world"},
+        {"id": "8", "prompt": "bye"},
+    ]
     assert [g.source.line for g in got] == [2, 3]
 
 
@@ -63,8 +78,12 @@ def test_auto_format_recognises_an_openai_batch_file(tmp_path):
     from jobrunner.io.readers import resolve_format
 
     batch = tmp_path / "requests.jsonl"
-    batch.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
-                                 "body": {"prompt": "hi"}}) + "\n")
+    batch.write_text(
+        json.dumps(
+            {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}}
+        )
+        + "\n"
+    )
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"id": "a", "prompt": "hi", "body": "x"}) + "\n")
     assert resolve_format(str(batch), "auto") == "openai-batch"

@@ -39,7 +39,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     bodies: list = []
 
     def do_PUT(self):  # noqa: N802
-        _Recorder.bodies.append(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+        _Recorder.bodies.append(
+            self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        )
         self.send_response(200)
         self.end_headers()
 
@@ -50,11 +52,14 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
-    rows = [r for r in pq.read_table(SAMPLES / "prompts.parquet").to_pylist()
-            if r["kind"] == "question"][:6]
+    rows = [
+        r for r in pq.read_table(SAMPLES / "prompts.parquet").to_pylist() if r["kind"] == "question"
+    ][:6]
     rows.append({**rows[0], "id": "duplicate-of-first"})
-    pq.write_table(pa.Table.from_pylist([{"id": r["id"], "prompt": r["prompt"]} for r in rows]),
-                   tmp / "in.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"id": r["id"], "prompt": r["prompt"]} for r in rows]),
+        tmp / "in.parquet",
+    )
     job = tmp / "job.yaml"
     job.write_text(JOB.format(input=tmp / "in.parquet", out=tmp / "out"))
     cli = CliRunner()
@@ -63,7 +68,9 @@ def run(tmp_path_factory):
     server = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        res = cli.invoke(app, ["run", str(job), "--pushgateway", f"http://127.0.0.1:{server.server_port}"])
+        res = cli.invoke(
+            app, ["run", str(job), "--pushgateway", f"http://127.0.0.1:{server.server_port}"]
+        )
     finally:
         server.shutdown()
     assert res.exit_code == 0, res.output
@@ -86,11 +93,12 @@ def test_report_totals_equal_the_sums_over_rows(run):
     assert r["tokens"]["completion"] == sum(x["completion_tokens"] for x in rows)
     assert r["cost"]["cost_usd"] == pytest.approx(sum(x["cost_usd"] for x in rows), rel=1e-12)
     assert r["cost"]["usd_per_1m_input_tokens"] == pytest.approx(
-        r["cost"]["cost_usd"] / r["tokens"]["prompt"] * 1e6)
+        r["cost"]["cost_usd"] / r["tokens"]["prompt"] * 1e6
+    )
     # The duplicate rode along: it and its twin split one computation's cost.
     by_id = {x["id"]: x for x in rows}
     dup = by_id["duplicate-of-first"]
-    first, = [x for x in rows if x["prompt"] == dup["prompt"] and x["id"] != dup["id"]]
+    (first,) = [x for x in rows if x["prompt"] == dup["prompt"] and x["id"] != dup["id"]]
     assert dup["cost_usd"] == pytest.approx(first["cost_usd"])
     assert r["engine_stats"]["deduplicated"] == 1
     assert r["cost"]["dedup_saved_usd"] > 0
@@ -99,17 +107,26 @@ def test_report_totals_equal_the_sums_over_rows(run):
 
 def test_markdown_and_prometheus_show_the_same_totals(run):
     r, md = _report(run), (run / "report.md").read_text()
-    assert f"| prompt tokens (cached) | {r['tokens']['prompt']:,} ({r['tokens']['cached']:,}) |" in md
+    assert (
+        f"| prompt tokens (cached) | {r['tokens']['prompt']:,} ({r['tokens']['cached']:,}) |" in md
+    )
     assert f"| $ per 1M input tokens | ${r['cost']['usd_per_1m_input_tokens']:,.4f} |" in md
     assert "## Where the time went" in md and "## Estimate vs actual" in md
-    samples = {s.name: s.value for f in text_string_to_metric_families((run / "metrics.prom").read_text())
-               for s in f.samples if s.name != "jobrunner_request_success_total"}
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families((run / "metrics.prom").read_text())
+        for s in f.samples
+        if s.name != "jobrunner_request_success_total"
+    }
     assert samples["jobrunner_prompt_tokens_total"] == r["tokens"]["prompt"]
     assert samples["jobrunner_generation_tokens_total"] == r["tokens"]["completion"]
     assert samples["jobrunner_cost_usd"] == pytest.approx(r["cost"]["cost_usd"])
     # --pushgateway pushed the same figures at the end of the run
-    pushed, = _Recorder.bodies
-    assert f"jobrunner_prompt_tokens_total{{job_name=\"report-test\"}} {float(r['tokens']['prompt'])}" in pushed
+    (pushed,) = _Recorder.bodies
+    assert (
+        f'jobrunner_prompt_tokens_total{{job_name="report-test"}} {float(r["tokens"]["prompt"])}'
+        in pushed
+    )
 
 
 def test_timelines_and_time_breakdown(run):
@@ -121,10 +138,14 @@ def test_timelines_and_time_breakdown(run):
     # Every computed prompt token went through a step once; the duplicate computed nothing.
     assert r["engine_stats"]["preemptions"] == 0
     assert sum(s["prefill_tokens"] for s in steps) == (
-        r["tokens"]["computed_prompt"] - (dup["prompt_tokens"] - dup["cached_tokens"]))
+        r["tokens"]["computed_prompt"] - (dup["prompt_tokens"] - dup["cached_tokens"])
+    )
     assert sum(s["decode_tokens"] for s in steps) > 0
-    host = [d for d in pq.read_table(run / "telemetry" / "device.parquet").to_pylist()
-            if d["device"] == "host"]
+    host = [
+        d
+        for d in pq.read_table(run / "telemetry" / "device.parquet").to_pylist()
+        if d["device"] == "host"
+    ]
     assert len(host) >= 2 and all(d["mem_used_bytes"] > 0 for d in host)
     b = r["time"]["breakdown"]["seconds"]
     assert sum(b.values()) == pytest.approx(r["time"]["wall_seconds"], rel=1e-6)

@@ -79,8 +79,11 @@ def test_kill9_at_any_moment_then_rerun_equals_uninterrupted_run(tmp_path, engin
 
 
 def _digest(out) -> dict[str, str]:
-    return {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(out.rglob("*")) if f.is_file() and f.name != ".lock"}
+    return {
+        str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(out.rglob("*"))
+        if f.is_file() and f.name != ".lock"
+    }
 
 
 def test_finished_job_rerun_loads_no_model_and_changes_no_byte(tmp_path):
@@ -89,7 +92,9 @@ def test_finished_job_rerun_loads_no_model_and_changes_no_byte(tmp_path):
     # Model code cannot even be imported in the rerun: a stand-in transformers package fails.
     shim = tmp_path / "shim" / "transformers"
     shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("raise ImportError('the model must not load on a finished job')")
+    (shim / "__init__.py").write_text(
+        "raise ImportError('the model must not load on a finished job')"
+    )
     job = ref_out.parent / "out.yaml"
     p = run(job, PYTHONPATH=str(shim.parent))
     assert p.returncode == 0, p.stderr[-2000:]
@@ -111,8 +116,9 @@ def test_changed_job_is_refused_with_78(tmp_path):
 
 def test_changed_job_is_refused_even_when_the_run_is_finished(tmp_path):
     ref_out, _ = reference("static")
-    r = CliRunner().invoke(app, ["run", str(ref_out.parent / "out.yaml"),
-                                 "--set", "input.prompt.column=text"])
+    r = CliRunner().invoke(
+        app, ["run", str(ref_out.parent / "out.yaml"), "--set", "input.prompt.column=text"]
+    )
     assert r.exit_code == 78, r.output
     assert "prompt.prompt.column: 'prompt' -> 'text'" in r.output
 
@@ -134,12 +140,21 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     job = write_job(tmp_path, "static", write_input(tmp_path / "in.jsonl"))
     cfg = load_job(job)
     rundir = RunDir(cfg.output.path, "jsonl")
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from jobrunner.config import load_job; from jobrunner.io.rundir import"
-        " RunDir; from jobrunner.pipeline import RunOptions; from jobrunner.resume import open_run;"
-        f" cfg = load_job({str(job)!r});"
-        " ctx = open_run(RunDir(cfg.output.path, 'jsonl'), cfg, RunOptions()); ctx.__enter__();"
-        " print('locked', flush=True); time.sleep(600)")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from jobrunner.config import load_job; from jobrunner.io.rundir import"
+                " RunDir; from jobrunner.pipeline import RunOptions; from jobrunner.resume import open_run;"
+                f" cfg = load_job({str(job)!r});"
+                " ctx = open_run(RunDir(cfg.output.path, 'jsonl'), cfg, RunOptions()); ctx.__enter__();"
+                " print('locked', flush=True); time.sleep(600)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     from jobrunner.errors import RunLocked
 

@@ -8,7 +8,9 @@ from jobrunner.types import Request, SamplingParams
 
 
 def req(i, n, new=8, **kw):
-    return Request(f"r{i}", list(range(1, n + 1)), SamplingParams(max_new_tokens=new, **kw), seq_seed=i)
+    return Request(
+        f"r{i}", list(range(1, n + 1)), SamplingParams(max_new_tokens=new, **kw), seq_seed=i
+    )
 
 
 def test_pack_batches_sorts_and_respects_budgets():
@@ -21,13 +23,22 @@ def test_pack_batches_sorts_and_respects_budgets():
 
 
 def prompts(tokenizer, texts):
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
-                                          add_generation_prompt=True, return_dict=True)["input_ids"]
-            for t in texts]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}],
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=True,
+        )["input_ids"]
+        for t in texts
+    ]
 
 
-TEXTS = ["What is a Python list?", "Name three colours.",
-         "Explain in one sentence why the sky looks blue to people standing on the ground at noon."]
+TEXTS = [
+    "What is a Python list?",
+    "Name three colours.",
+    "Explain in one sentence why the sky looks blue to people standing on the ground at noon.",
+]
 
 
 def test_greedy_equals_hf_generate_one_row_at_a_time(model_f32):
@@ -39,7 +50,7 @@ def test_greedy_equals_hf_generate_one_row_at_a_time(model_f32):
     results = {r.id: r for r in StaticEngine(model_f32, JobConfig()).generate(reqs)}
     for i, p in enumerate(ids):
         out = model_f32.model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)
-        expected = out[0, len(p):].tolist()
+        expected = out[0, len(p) :].tolist()
         if 2 in expected:
             expected = expected[: expected.index(2)]
         assert results[f"r{i}"].token_ids == expected
@@ -49,9 +60,14 @@ def test_sampling_is_per_row_reproducible_whatever_the_batch(model_f32):
     tok = model_f32.tokenizer
     ids = prompts(tok, TEXTS)
     sp = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=50)
-    alone = next(iter(StaticEngine(model_f32, JobConfig()).generate([Request("x", ids[0], sp, seq_seed=7)])))
-    together = [Request("x", ids[0], sp, seq_seed=7), Request("y", ids[1], sp, seq_seed=8),
-                Request("z", ids[2], sp, seq_seed=9)]
+    alone = next(
+        iter(StaticEngine(model_f32, JobConfig()).generate([Request("x", ids[0], sp, seq_seed=7)]))
+    )
+    together = [
+        Request("x", ids[0], sp, seq_seed=7),
+        Request("y", ids[1], sp, seq_seed=8),
+        Request("z", ids[2], sp, seq_seed=9),
+    ]
     got = {r.id: r for r in StaticEngine(model_f32, JobConfig()).generate(together)}
     assert got["x"].token_ids == alone.token_ids
 

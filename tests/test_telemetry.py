@@ -25,23 +25,38 @@ def test_sampler_records_host_cpu_and_rss_on_a_timeline():
 
 
 def test_energy_is_the_counter_difference_per_gpu():
-    samples = [{"device": "cuda:0", "energy_mj": 1_000.0}, {"device": "host", "energy_mj": None},
-               {"device": "cuda:1", "energy_mj": 50.0}, {"device": "cuda:0", "energy_mj": 3.6e9 + 1_000},
-               {"device": "cuda:1", "energy_mj": 50.0 + 1.8e9}]
+    samples = [
+        {"device": "cuda:0", "energy_mj": 1_000.0},
+        {"device": "host", "energy_mj": None},
+        {"device": "cuda:1", "energy_mj": 50.0},
+        {"device": "cuda:0", "energy_mj": 3.6e9 + 1_000},
+        {"device": "cuda:1", "energy_mj": 50.0 + 1.8e9},
+    ]
     assert energy_kwh(samples) == pytest.approx(1.5)
     assert energy_kwh([{"device": "host", "energy_mj": None}]) is None
 
 
 def test_timelines_append_per_run_and_a_rerun_replaces_its_own_rows(tmp_path):
-    steps = [{"t": 0.1 * i, "num_running": i, "batch_tokens": 10 * i, "step_seconds": 0.1}
-             for i in range(3)]
+    steps = [
+        {"t": 0.1 * i, "num_running": i, "batch_tokens": 10 * i, "step_seconds": 0.1}
+        for i in range(3)
+    ]
     for run in (0, 1, 1):
         t = RunTelemetry(tmp_path, interval=0.05).start()
         rec = t.finish(run, steps, {"cache_saved_usd": 0.0})
         assert rec["cache_saved_usd"] == 0.0 and "energy_kwh" in rec
     saved = read_timeline(tmp_path, STEPS_FILE)
-    assert [(r["run"], r["num_running"]) for r in saved] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert saved[0]["prefill_tokens"] is None  # an engine that does not log a column leaves it empty
+    assert [(r["run"], r["num_running"]) for r in saved] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
+    assert (
+        saved[0]["prefill_tokens"] is None
+    )  # an engine that does not log a column leaves it empty
     device = read_timeline(tmp_path, DEVICE_FILE)
     assert {r["run"] for r in device} == {0, 1}
     assert (tmp_path / "telemetry" / "device.parquet").is_file()

@@ -26,8 +26,9 @@ def find_stop(text: str, stops: tuple[str, ...]) -> int | None:
     return min(hits) if hits else None
 
 
-def make_result(req: Request, token_ids: list[int], tokenizer: Any, eos: set[int],
-                cached_tokens: int = 0) -> Result:
+def make_result(
+    req: Request, token_ids: list[int], tokenizer: Any, eos: set[int], cached_tokens: int = 0
+) -> Result:
     kept, hit_eos = cut_at_eos(token_ids, eos, req.sampling.ignore_eos)
     text = tokenizer.decode(kept, skip_special_tokens=True)
     stop_at = find_stop(text, req.sampling.stop)
@@ -41,5 +42,15 @@ def make_result(req: Request, token_ids: list[int], tokenizer: Any, eos: set[int
 
 def error_result(req: Request, code: str, message: str, completion_tokens: int = 0) -> Result:
     usage = Usage(req.num_prompt_tokens, 0, completion_tokens)
-    return Result(req.id, "", FinishReason.ERROR, usage, [], req.source, req.columns, req.meta,
-                  error_code=code, error=message)
+    return Result(
+        req.id,
+        "",
+        FinishReason.ERROR,
+        usage,
+        [],
+        req.source,
+        req.columns,
+        req.meta,
+        error_code=code,
+        error=message,
+    )

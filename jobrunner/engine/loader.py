@@ -65,7 +65,11 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(weights_dir, **kwargs)
     except OSError as e:
-        hint = " (set model.allow_pickle: true to load .bin weights)" if "safetensors" in str(e) else ""
+        hint = (
+            " (set model.allow_pickle: true to load .bin weights)"
+            if "safetensors" in str(e)
+            else ""
+        )
         raise ConfigError(f"model.source: cannot load {src.path}: {e}{hint}") from e
     model.to(device).eval()
     torch.set_grad_enabled(False)
@@ -160,7 +164,9 @@ def _dequantize_gguf(src: ModelSource, target: Path) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("dequantizing %s once into %s (later runs load the cache)", src.gguf_path, target)
-    model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        src.path, gguf_file=src.gguf_file, dtype=torch.float32
+    )
     tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,9 @@ def sampling_groups(reqs: list[Request]) -> list[list[Request]]:
     return list(groups.values())
 
 
-def pack_batches(reqs: list[Request], max_batch_tokens: int, max_num_seqs: int) -> list[list[Request]]:
+def pack_batches(
+    reqs: list[Request], max_batch_tokens: int, max_num_seqs: int
+) -> list[list[Request]]:
     """Sort by prompt length; cut batches so padded (prompt + new) tokens fit the budget."""
     batches: list[list[Request]] = []
     cur: list[Request] = []
@@ -47,8 +49,11 @@ class StaticEngine(Engine):
         window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)
         while not self._stop_requested and (chunk := list(islice(it, window))):
             e = self.cfg.engine
-            batches = [b for g in sampling_groups(chunk)
-                       for b in pack_batches(g, e.max_batch_tokens, e.max_num_seqs)]
+            batches = [
+                b
+                for g in sampling_groups(chunk)
+                for b in pack_batches(g, e.max_batch_tokens, e.max_num_seqs)
+            ]
             for batch in batches:
                 if self._stop_requested:
                     return
@@ -64,15 +69,19 @@ class StaticEngine(Engine):
         ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, T) left-padded
         mask = torch.zeros_like(ids)
         for i, r in enumerate(batch):
-            ids[i, width - r.num_prompt_tokens:] = torch.tensor(r.prompt_token_ids)
-            mask[i, width - r.num_prompt_tokens:] = 1
+            ids[i, width - r.num_prompt_tokens :] = torch.tensor(r.prompt_token_ids)
+            mask[i, width - r.num_prompt_tokens :] = 1
         out = self.loaded.model.generate(
-            input_ids=ids.to(self.loaded.device), attention_mask=mask.to(self.loaded.device),
+            input_ids=ids.to(self.loaded.device),
+            attention_mask=mask.to(self.loaded.device),
             **self._generate_kwargs(batch, pad),
         )
         new = out[:, width:].tolist()
         eos = self.loaded.eos_token_ids
-        results = [make_result(r, self._trim(r, toks), tok, eos) for r, toks in zip(batch, new, strict=True)]
+        results = [
+            make_result(r, self._trim(r, toks), tok, eos)
+            for r, toks in zip(batch, new, strict=True)
+        ]
         self._account(batch, results, time.perf_counter() - t0)
         return results
 
@@ -81,15 +90,22 @@ class StaticEngine(Engine):
 
         s = batch[0].sampling
         max_new = max(r.sampling.max_new_tokens for r in batch)
-        cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=pad,
-                               eos_token_id=sorted(self.loaded.eos_token_ids), num_beams=1)
+        cfg = GenerationConfig(
+            max_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=sorted(self.loaded.eos_token_ids),
+            num_beams=1,
+        )
         if s.ignore_eos:
             cfg.min_new_tokens = max_new
         kwargs: dict = {"generation_config": cfg}
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.loaded.tokenizer)
         if not s.greedy:
-            kwargs["logits_processor"] = LogitsProcessorList([RowSampler(batch, self.loaded.device)])
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [RowSampler(batch, self.loaded.device)]
+            )
         return kwargs
 
     def _trim(self, r: Request, toks: list[int]) -> list[int]:
@@ -105,9 +121,14 @@ class StaticEngine(Engine):
         completion = sum(r.usage.completion_tokens for r in results)
         st.decode_tokens += completion
         st.generated_tokens += completion
-        st.step_log.append({"t": time.time(), "num_running": len(batch),
-                            "batch_tokens": sum(r.num_prompt_tokens for r in batch),
-                            "step_seconds": seconds})
+        st.step_log.append(
+            {
+                "t": time.time(),
+                "num_running": len(batch),
+                "batch_tokens": sum(r.num_prompt_tokens for r in batch),
+                "step_seconds": seconds,
+            }
+        )
 
 
 class RowSampler:

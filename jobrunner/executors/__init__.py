@@ -20,6 +20,8 @@ def run_with_executor(cfg, opts):
     try:
         fn = getattr(importlib.import_module(module), name)
     except ImportError as e:
-        raise ConfigError(f"executor {cfg.executor!r} is not available: {e}"
-                          " (for ray: pip install 'jobrunner[ray]')") from e
+        raise ConfigError(
+            f"executor {cfg.executor!r} is not available: {e}"
+            " (for ray: pip install 'jobrunner[ray]')"
+        ) from e
     return fn(cfg, opts)

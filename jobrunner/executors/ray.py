@@ -66,8 +66,9 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
         return _run(cfg, rundir, manifest, opts, stop)
 
 
-def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions,
-         stop: SignalLatch) -> JobSummary:
+def _run(
+    cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions, stop: SignalLatch
+) -> JobSummary:
     t0 = time.monotonic()
     if opts.restart:
         clear_fragments(rundir)
@@ -90,8 +91,10 @@ def _run(cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions,
     rundir.save_manifest(manifest)
     if interrupted:
         write_reports(rundir)
-        raise Interrupted(f"interrupted: the committed blocks are kept in {rundir.path}; run the"
-                          " same command again to continue")
+        raise Interrupted(
+            f"interrupted: the committed blocks are kept in {rundir.path}; run the"
+            " same command again to continue"
+        )
     _finalize_output(cfg, rundir, manifest)
     rundir.mark_success(manifest)
     summary = _summary("done", rundir)
@@ -127,8 +130,14 @@ def pool_size(cfg: JobConfig, resources: dict[str, float]) -> tuple[int, float, 
     return cfg.ray.num_workers or max(1, int(spare // cpus)), cpus, 0.0
 
 
-def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag: str,
-             metas: list[dict[str, Any]]) -> bool:
+def _execute(
+    cfg: JobConfig,
+    rundir: RunDir,
+    manifest: Manifest,
+    plan: Plan,
+    tag: str,
+    metas: list[dict[str, Any]],
+) -> bool:
     """Stream the blocks through the worker pool; record each block as it lands. True if stopped."""
     import ray.data
 
@@ -136,16 +145,32 @@ def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag
 
     workers, cpus, gpus = pool_size(cfg, ray.cluster_resources())
     workers = min(workers, len(plan.blocks))
-    log.info("ray: %d rows in %d blocks on %d workers (%s CPU, %s GPU each)", plan.rows,
-             len(plan.blocks), workers, cpus, gpus)
+    log.info(
+        "ray: %d rows in %d blocks on %d workers (%s CPU, %s GPU each)",
+        plan.rows,
+        len(plan.blocks),
+        workers,
+        cpus,
+        gpus,
+    )
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ds = ray.data.from_items(plan.blocks, override_num_blocks=len(plan.blocks)).map_batches(
-        BlockWorker, batch_size=1, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=cpus, num_gpus=gpus,
-        fn_constructor_kwargs={"cfg": _worker_cfg(cfg), "run_path": str(rundir.path.resolve()),
-                               "fmt": rundir.fmt, "tag": tag, "cpus": cpus,
-                               "fault_marker": os.environ.get(FAULT_ENV)})
+        BlockWorker,
+        batch_size=1,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=workers),
+        num_cpus=cpus,
+        num_gpus=gpus,
+        fn_constructor_kwargs={
+            "cfg": _worker_cfg(cfg),
+            "run_path": str(rundir.path.resolve()),
+            "fmt": rundir.fmt,
+            "tag": tag,
+            "cpus": cpus,
+            "fault_marker": os.environ.get(FAULT_ENV),
+        },
+    )
     rows = iter(ds.iter_rows())
     try:
         with raise_on_signal(_stopped) as stopped:
@@ -159,8 +184,14 @@ def _execute(cfg: JobConfig, rundir: RunDir, manifest: Manifest, plan: Plan, tag
     return False
 
 
-def _land(rundir: RunDir, manifest: Manifest, tag: str, meta: dict[str, Any],
-          metas: list[dict[str, Any]], total: int) -> None:
+def _land(
+    rundir: RunDir,
+    manifest: Manifest,
+    tag: str,
+    meta: dict[str, Any],
+    metas: list[dict[str, Any]],
+    total: int,
+) -> None:
     """A committed block: into manifest.json, its error fragment into errors.jsonl."""
     metas.append(meta)
     if meta["shard"] and all(s["name"] != meta["shard"] for s in manifest.shards):
@@ -172,8 +203,13 @@ def _land(rundir: RunDir, manifest: Manifest, tag: str, meta: dict[str, Any],
         merge_errors(rundir, manifest, [], [fragment])
     rundir.save_manifest(manifest)
     done = sum(m["rows"] for m in metas)
-    log.info("ray: block %d committed by %s (%d/%d rows)", meta["block"],
-             meta["worker"]["worker"], done, total)
+    log.info(
+        "ray: block %d committed by %s (%d/%d rows)",
+        meta["block"],
+        meta["worker"]["worker"],
+        done,
+        total,
+    )
 
 
 def _worker_cfg(cfg: JobConfig) -> JobConfig:
@@ -198,15 +234,17 @@ def _stopped(signum: int) -> Exception:
 
 
 def _interrupted(signum: int) -> Exception:
-    return Interrupted(f"signal {signum}: stopped; committed rows are kept, run the same"
-                       " command again to continue")
+    return Interrupted(
+        f"signal {signum}: stopped; committed rows are kept, run the same command again to continue"
+    )
 
 
 # ----------------------------------------------------------------- the record
 
 
-def _record_run(manifest: Manifest, cfg: JobConfig, plan: Plan, metas: list[dict[str, Any]],
-                wall: float) -> None:
+def _record_run(
+    manifest: Manifest, cfg: JobConfig, plan: Plan, metas: list[dict[str, Any]], wall: float
+) -> None:
     """One record for this invocation (the report's sums stay right), workers broken down.
 
     engine/forward seconds are the mean per worker, so busy fractions stay per device;
@@ -216,23 +254,38 @@ def _record_run(manifest: Manifest, cfg: JobConfig, plan: Plan, metas: list[dict
     n = len(ws) or 1
     local = detect_device()
     first = ws[0] if ws else {}
-    manifest.runs.append({
-        "job": cfg.name, "model": cfg.model.source, "executor": "ray",
-        "engine": first.get("engine", cfg.engine.kind), "wall_seconds": wall,
-        "load_seconds": max((w["load_seconds"] for w in ws), default=0.0),
-        "engine_seconds": sum(w["engine_seconds"] for w in ws) / n,
-        "forward_seconds": sum(w["forward_seconds"] for w in ws) / n,
-        **{k: sum(w[k] for w in ws) for k in ("steps", "preemptions", "oom_retries",
-                                              "deduplicated", "cache_saved_usd",
-                                              "dedup_saved_usd")},
-        "skipped": plan.skipped, "device_name": first.get("device_name", local.name),
-        "device_kind": first.get("device_kind", local.kind),
-        "device_count": sum(w["device_count"] for w in ws) or local.count,
-        "usd_per_hour": sum(w["usd_per_hour"] for w in ws),
-        "price_source": first.get("price_source", ""),
-        "notes": sorted({x for w in ws for x in w["notes"]}), "workers": ws,
-        "finished_at": time.time(),
-    })
+    manifest.runs.append(
+        {
+            "job": cfg.name,
+            "model": cfg.model.source,
+            "executor": "ray",
+            "engine": first.get("engine", cfg.engine.kind),
+            "wall_seconds": wall,
+            "load_seconds": max((w["load_seconds"] for w in ws), default=0.0),
+            "engine_seconds": sum(w["engine_seconds"] for w in ws) / n,
+            "forward_seconds": sum(w["forward_seconds"] for w in ws) / n,
+            **{
+                k: sum(w[k] for w in ws)
+                for k in (
+                    "steps",
+                    "preemptions",
+                    "oom_retries",
+                    "deduplicated",
+                    "cache_saved_usd",
+                    "dedup_saved_usd",
+                )
+            },
+            "skipped": plan.skipped,
+            "device_name": first.get("device_name", local.name),
+            "device_kind": first.get("device_kind", local.kind),
+            "device_count": sum(w["device_count"] for w in ws) or local.count,
+            "usd_per_hour": sum(w["usd_per_hour"] for w in ws),
+            "price_source": first.get("price_source", ""),
+            "notes": sorted({x for w in ws for x in w["notes"]}),
+            "workers": ws,
+            "finished_at": time.time(),
+        }
+    )
 
 
 def _per_worker(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -241,6 +294,10 @@ def _per_worker(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in metas:
         w = m["worker"]
         prev = out.get(w["worker"], {"rows": 0, "blocks": 0, "cost_usd": 0.0})
-        out[w["worker"]] = {**w, "rows": prev["rows"] + m["rows"], "blocks": prev["blocks"] + 1,
-                            "cost_usd": prev["cost_usd"] + m["cost_usd"]}
+        out[w["worker"]] = {
+            **w,
+            "rows": prev["rows"] + m["rows"],
+            "blocks": prev["blocks"] + 1,
+            "cost_usd": prev["cost_usd"] + m["cost_usd"],
+        }
     return list(out.values())

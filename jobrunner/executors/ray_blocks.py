@@ -128,8 +128,9 @@ def clear_fragments(rundir: RunDir) -> None:
     (rundir.path / RUN_TOKEN).unlink(missing_ok=True)
 
 
-def merge_errors(rundir: RunDir, m: Manifest, errors: list[RowError],
-                 fragments: list[Path] = ()) -> int:
+def merge_errors(
+    rundir: RunDir, m: Manifest, errors: list[RowError], fragments: list[Path] = ()
+) -> int:
     """Append errors and fragment lines to errors.jsonl unless already there; then drop the
     fragments. Returns how many lines were added. Idempotent: a crash anywhere is safe."""
     seen = {_line(e) for e in rundir.iter_errors()}  # lines in the output format's shape

@@ -36,8 +36,15 @@ from jobrunner.types import Request, Result, RowError
 class BlockWorker:
     """Constructed once per Ray actor (the model loads here); called once per batch of blocks."""
 
-    def __init__(self, cfg: JobConfig, run_path: str, fmt: str, tag: str, cpus: float,
-                 fault_marker: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        run_path: str,
+        fmt: str,
+        tag: str,
+        cpus: float,
+        fault_marker: str | None = None,
+    ) -> None:
         from jobrunner.engine.base import make_engine
         from jobrunner.engine.loader import load_model
         from jobrunner.engine.quant import apply_quantization
@@ -47,7 +54,9 @@ class BlockWorker:
         self.cfg, self.tag, self.fault_marker = cfg, tag, fault_marker
         self.rundir = RunDir(run_path, fmt)
         self.loaded = load_model(cfg.model)
-        apply_quantization(self.loaded, cfg.model)  # the quality gate (quality_check) is not run here
+        apply_quantization(
+            self.loaded, cfg.model
+        )  # the quality gate (quality_check) is not run here
         if self.loaded.device.type == "cpu" and not cfg.engine.num_threads:
             import torch
 
@@ -66,7 +75,11 @@ class BlockWorker:
     def __call__(self, batch: Any) -> dict[str, list]:
         blocks = batch["block"].to_pylist()
         payloads = batch["payload"].to_pylist()
-        return {"meta": [json.dumps(self.run_block(b, p)) for b, p in zip(blocks, payloads, strict=True)]}
+        return {
+            "meta": [
+                json.dumps(self.run_block(b, p)) for b, p in zip(blocks, payloads, strict=True)
+            ]
+        }
 
     # ------------------------------------------------------------------ one block
 
@@ -78,7 +91,9 @@ class BlockWorker:
         results, errors = self._generate(rows, has_ids)
         return self._commit(block, shard, results, errors)
 
-    def _generate(self, rows: list[RawRow], has_ids: dict[str, bool]) -> tuple[list[Result], list[RowError]]:
+    def _generate(
+        self, rows: list[RawRow], has_ids: dict[str, bool]
+    ) -> tuple[list[Result], list[RowError]]:
         self.preparer._file_has_ids.update(has_ids)  # decide ids exactly as the driver did
         prepared = self.preparer.prepare_batch(rows)
         errors = [p for p in prepared if isinstance(p, RowError)]
@@ -87,8 +102,11 @@ class BlockWorker:
         results: list[Result] = []
         for r in self.engine.generate(leaders):
             results += [r, *_fan_out(r, followers.pop(r.id, []))]
-        errors += [RowError(r.error_code or "error", r.error or "", r.source, r.id)
-                   for r in results if not r.ok]
+        errors += [
+            RowError(r.error_code or "error", r.error or "", r.source, r.id)
+            for r in results
+            if not r.ok
+        ]
         return results, errors
 
     def _commit(self, block: int, shard, results: list[Result], errors: list[RowError]) -> dict:
@@ -117,22 +135,36 @@ class BlockWorker:
             return
         os._exit(1)
 
-    def _meta(self, block: int, shard, rows: int, ok: int | None, usd: float,
-              redone: bool) -> dict[str, Any]:
+    def _meta(
+        self, block: int, shard, rows: int, ok: int | None, usd: float, redone: bool
+    ) -> dict[str, Any]:
         st = self.engine.stats
         return {
-            "block": block, "shard": shard.name if shard else None, "rows": rows,
-            "succeeded": ok, "cost_usd": usd, "generated": redone,
+            "block": block,
+            "shard": shard.name if shard else None,
+            "rows": rows,
+            "succeeded": ok,
+            "cost_usd": usd,
+            "generated": redone,
             "worker": {
-                "worker": self.worker_id, "device_name": self.device.name,
-                "device_kind": self.device.kind, "device_count": self.device.count,
-                "usd_per_hour": self.usd_per_hour, "price_source": self.price_source,
-                "engine": self.engine.kind, "load_seconds": self.load_seconds,
+                "worker": self.worker_id,
+                "device_name": self.device.name,
+                "device_kind": self.device.kind,
+                "device_count": self.device.count,
+                "usd_per_hour": self.usd_per_hour,
+                "price_source": self.price_source,
+                "engine": self.engine.kind,
+                "load_seconds": self.load_seconds,
                 "alive_seconds": time.monotonic() - self.started,
-                "engine_seconds": st.engine_seconds, "forward_seconds": st.forward_seconds,
-                "steps": st.steps, "preemptions": st.preemptions, "oom_retries": st.oom_retries,
-                "deduplicated": self.deduplicated, "notes": list(st.notes),
-                **self.savings.to_json()},
+                "engine_seconds": st.engine_seconds,
+                "forward_seconds": st.forward_seconds,
+                "steps": st.steps,
+                "preemptions": st.preemptions,
+                "oom_retries": st.oom_retries,
+                "deduplicated": self.deduplicated,
+                "notes": list(st.notes),
+                **self.savings.to_json(),
+            },
         }
 
 
@@ -156,8 +188,17 @@ def _fan_out(leader: Result, followers: list[Request]) -> list[Result]:
     if not followers:
         return []
     leader.shared_with = 1 + len(followers)
-    return [replace(leader, id=f.id, source=f.source, columns=f.columns, meta=f.meta,
-                    usage=replace(leader.usage)) for f in followers]
+    return [
+        replace(
+            leader,
+            id=f.id,
+            source=f.source,
+            columns=f.columns,
+            meta=f.meta,
+            usage=replace(leader.usage),
+        )
+        for f in followers
+    ]
 
 
 def _worker_device(kind: str, cpus: float) -> DeviceInfo:

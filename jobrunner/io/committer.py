@@ -16,9 +16,16 @@ from jobrunner.types import Result, RowError
 
 
 class Committer:
-    def __init__(self, rundir: RunDir, manifest: Manifest, model_name: str, usd_per_hour: float,
-                 shard_rows: int, shard_seconds: float,
-                 drain_errors: Callable[[], list[RowError]] = list) -> None:
+    def __init__(
+        self,
+        rundir: RunDir,
+        manifest: Manifest,
+        model_name: str,
+        usd_per_hour: float,
+        shard_rows: int,
+        shard_seconds: float,
+        drain_errors: Callable[[], list[RowError]] = list,
+    ) -> None:
         self.rundir = rundir
         self.manifest = manifest
         self.model_name = model_name
@@ -48,7 +55,8 @@ class Committer:
     @property
     def due(self) -> bool:
         return len(self.pending) >= self.shard_rows or (
-            time.monotonic() - self._last >= self.shard_seconds and bool(self.pending))
+            time.monotonic() - self._last >= self.shard_seconds and bool(self.pending)
+        )
 
     def commit(self) -> None:
         errors = self.errors + self.drain_errors()

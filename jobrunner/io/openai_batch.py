@@ -49,8 +49,9 @@ def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
 
     for item in read_jsonl(file, batch_rows):
         if isinstance(item, RowError):
-            item = BatchLineError(item.code, item.message, item.source,
-                                  derived_id(item.source), item.field)
+            item = BatchLineError(
+                item.code, item.message, item.source, derived_id(item.source), item.field
+            )
         yield item
 
 
@@ -62,9 +63,13 @@ def error_record(e: RowError) -> dict[str, Any]:
     custom_id = e.custom_id if isinstance(e, BatchLineError) else e.id
     own = e.to_json()
     line = own["line"] if own["line"] is not None else own["row"]
-    return {"id": own.pop("id"), "custom_id": custom_id, "response": None,
-            "error": {"code": e.code, "message": e.message, "param": e.field, "line": line},
-            **own}
+    return {
+        "id": own.pop("id"),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": e.code, "message": e.message, "param": e.field, "line": line},
+        **own,
+    }
 
 
 # ---------------------------------------------------------------- output.jsonl
@@ -76,24 +81,51 @@ def _hash(*parts: str) -> str:
 
 def _usage(rec: dict[str, Any]) -> dict[str, Any]:
     p, c = rec["prompt_tokens"], rec["completion_tokens"]
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": rec["cached_tokens"]}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": rec["cached_tokens"]},
+    }
 
 
 def chat_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
     message = {"role": "assistant", "content": rec["completion"], "refusal": None}
-    return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
-            "model": rec["model"], "choices": [{"index": 0, "message": message, "logprobs": None,
-                                                "finish_reason": rec["finish_reason"]}],
-            "usage": _usage(rec), "system_fingerprint": None}
+    return {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion",
+        "created": created,
+        "model": rec["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": rec["finish_reason"],
+            }
+        ],
+        "usage": _usage(rec),
+        "system_fingerprint": None,
+    }
 
 
 def completion_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
-            "model": rec["model"], "choices": [{"index": 0, "text": rec["completion"],
-                                                "logprobs": None,
-                                                "finish_reason": rec["finish_reason"]}],
-            "usage": _usage(rec), "system_fingerprint": None}
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": rec["model"],
+        "choices": [
+            {
+                "index": 0,
+                "text": rec["completion"],
+                "logprobs": None,
+                "finish_reason": rec["finish_reason"],
+            }
+        ],
+        "usage": _usage(rec),
+        "system_fingerprint": None,
+    }
 
 
 BODIES = {CHAT: chat_body, COMPLETIONS: completion_body}
@@ -103,9 +135,12 @@ def output_line(rec: dict[str, Any], salt: str, created: int) -> dict[str, Any]:
     """One succeeded shard record as a Batch API output line (ids are stable per job + row)."""
     rid = _hash(salt, str(rec["id"]))
     body = BODIES.get(rec.get("url"), chat_body)(rec, rid, created)
-    return {"id": f"batch_req_{rid}", "custom_id": rec["id"],
-            "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
-            "error": None}
+    return {
+        "id": f"batch_req_{rid}",
+        "custom_id": rec["id"],
+        "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
+        "error": None,
+    }
 
 
 # ---------------------------------------------------------------- assembly
@@ -156,23 +191,38 @@ def _succeeded(shards: list[Path]) -> Iterator[tuple[dict[str, Any], int]]:
                     yield rec, created
 
 
-def batch_object(cfg, manifest, salt: str, t: Totals, failed: int,
-                 endpoints: set[str]) -> dict[str, Any]:
+def batch_object(
+    cfg, manifest, salt: str, t: Totals, failed: int, endpoints: set[str]
+) -> dict[str, Any]:
     """A Batch object (openai.types.Batch) describing the finished job."""
     now = int(time.time())
     return {
-        "id": f"batch_{_hash(salt)}", "object": "batch",
-        "endpoint": ",".join(sorted(endpoints)) or CHAT, "errors": None,
-        "input_file_id": cfg.input.path, "completion_window": "24h", "status": "completed",
-        "output_file_id": OUTPUT_FILE, "error_file_id": "errors.jsonl",
-        "created_at": int(manifest.started_at or now), "in_progress_at": int(manifest.started_at or now),
-        "finalizing_at": now, "completed_at": now, "model": cfg.model.source,
-        "request_counts": {"total": t.completed + failed, "completed": t.completed, "failed": failed},
-        "usage": {"input_tokens": t.prompt_tokens,
-                  "input_tokens_details": {"cached_tokens": t.cached_tokens},
-                  "output_tokens": t.completion_tokens,
-                  "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": t.prompt_tokens + t.completion_tokens},
+        "id": f"batch_{_hash(salt)}",
+        "object": "batch",
+        "endpoint": ",".join(sorted(endpoints)) or CHAT,
+        "errors": None,
+        "input_file_id": cfg.input.path,
+        "completion_window": "24h",
+        "status": "completed",
+        "output_file_id": OUTPUT_FILE,
+        "error_file_id": "errors.jsonl",
+        "created_at": int(manifest.started_at or now),
+        "in_progress_at": int(manifest.started_at or now),
+        "finalizing_at": now,
+        "completed_at": now,
+        "model": cfg.model.source,
+        "request_counts": {
+            "total": t.completed + failed,
+            "completed": t.completed,
+            "failed": failed,
+        },
+        "usage": {
+            "input_tokens": t.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": t.cached_tokens},
+            "output_tokens": t.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": t.prompt_tokens + t.completion_tokens,
+        },
         "metadata": {"job": cfg.name, "cost_usd": f"{t.cost_usd:.12f}"},
     }
 

@@ -18,8 +18,14 @@ from typing import Any
 from jobrunner.errors import InputDataError
 from jobrunner.types import RowError, RowRef
 
-EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
-              ".json": "jsonl", ".csv": "csv"}
+EXTENSIONS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+}
 
 
 @dataclass
@@ -49,7 +55,9 @@ def input_files(path: str) -> list[str]:
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in EXTENSIONS)
     else:
-        files = sorted(f for f in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(f))
+        files = sorted(
+            f for f in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(f)
+        )
     if not files:
         raise InputDataError(f"input.path: no input files found at {path!r}")
     return files
@@ -153,7 +161,9 @@ def parse_json_line(raw: bytes, ref: RowRef) -> Item:
     try:
         values = json.loads(text)
     except json.JSONDecodeError as e:
-        return RowError("malformed_json", f"{ref}: malformed JSON: {e.msg} at column {e.colno}", ref)
+        return RowError(
+            "malformed_json", f"{ref}: malformed JSON: {e.msg} at column {e.colno}", ref
+        )
     if not isinstance(values, dict):
         kind = type(values).__name__
         return RowError("not_an_object", f"{ref}: expected a JSON object, got a {kind}", ref)

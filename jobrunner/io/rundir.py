@@ -52,8 +52,12 @@ class Manifest:
 
 
 class RunDir:
-    def __init__(self, path: str | Path, fmt: str = "parquet",
-                 error_record: Callable[[RowError], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        fmt: str = "parquet",
+        error_record: Callable[[RowError], dict[str, Any]] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.fmt = fmt
         self.error_record = error_record or RowError.to_json  # the output format's line shape
@@ -122,7 +126,11 @@ class RunDir:
                 os.fsync(f.fileno())
 
     def shard_files(self) -> list[Path]:
-        return sorted(p for p in self.results.iterdir() if p.name.startswith("part-")) if self.results.is_dir() else []
+        return (
+            sorted(p for p in self.results.iterdir() if p.name.startswith("part-"))
+            if self.results.is_dir()
+            else []
+        )
 
     def committed_ids(self) -> set[str]:
         """Every id with a terminal state: in a visible shard or in committed errors."""

@@ -105,5 +105,7 @@ def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def _jsonify_mixed(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str)
-            for k, v in record.items()}
+    return {
+        k: v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str)
+        for k, v in record.items()
+    }

@@ -27,14 +27,35 @@ SEED_MASK = (1 << 63) - 1
 # Options that change what a response holds; rejected per line until supported (null, false and
 # the defaults shown are accepted).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
-    "echo": (None, False), "suffix": (None, ""), "stream": (None, False), "tools": (None, []),
-    "functions": (None, []), "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
-    "logit_bias": (None, {}), "response_format": (None, {"type": "text"}), "audio": (None,),
-    "prediction": (None,), "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
+    "n": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "stream": (None, False),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
+    "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}),
+    "audio": (None,),
+    "prediction": (None,),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
 }
-HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
-            "top_p", "stop", "seed"}
+HONOURED = {
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+}
 # Any other body field (user, metadata, store, service_tier, ...) is ignored, with one warning.
 
 
@@ -63,20 +84,36 @@ class OpenAIPreparer(Preparer):
         cid = raw.values.get("custom_id")
         if not isinstance(cid, str) or not cid.strip():
             what = "missing" if cid is None else f"not a non-empty string ({type(cid).__name__})"
-            return BatchLineError("missing_custom_id", f"{raw.source}: custom_id is {what}",
-                                  raw.source, derived_id(raw.source), "custom_id")
+            return BatchLineError(
+                "missing_custom_id",
+                f"{raw.source}: custom_id is {what}",
+                raw.source,
+                derived_id(raw.source),
+                "custom_id",
+            )
         if cid in self._seen:
-            return BatchLineError("duplicate_custom_id", f"{raw.source}: custom_id {cid!r} is"
-                                  " used by an earlier line (custom_ids must be unique)",
-                                  raw.source, derived_id(raw.source), "custom_id", custom_id=cid)
+            return BatchLineError(
+                "duplicate_custom_id",
+                f"{raw.source}: custom_id {cid!r} is"
+                " used by an earlier line (custom_ids must be unique)",
+                raw.source,
+                derived_id(raw.source),
+                "custom_id",
+                custom_id=cid,
+            )
         self._seen.add(cid)
         return cid
 
     def prepare_batch(self, items: list) -> list[Request | RowError]:
         out: list[Any] = [self._parse(i) for i in items]
         for special in (False, True):  # templated chat text already holds its special tokens
-            todo = [k for k, o in enumerate(out) if isinstance(o, tuple) and o[2].token_ids is None
-                    and (o[2].endpoint == COMPLETIONS) == special]
+            todo = [
+                k
+                for k, o in enumerate(out)
+                if isinstance(o, tuple)
+                and o[2].token_ids is None
+                and (o[2].endpoint == COMPLETIONS) == special
+            ]
             if todo:
                 texts = [out[k][2].text for k in todo]
                 encoded = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
@@ -97,8 +134,14 @@ class OpenAIPreparer(Preparer):
     def _line_request(self, row_id: str, raw, line: Line) -> Request | RowError:
         vocab = len(self.tokenizer)
         if any(t >= vocab for t in line.token_ids):
-            return RowError("bad_body", f"{raw.source}: body.prompt holds token ids outside the"
-                            f" model's vocabulary (size {vocab})", raw.source, row_id, "body.prompt")
+            return RowError(
+                "bad_body",
+                f"{raw.source}: body.prompt holds token ids outside the"
+                f" model's vocabulary (size {vocab})",
+                raw.source,
+                row_id,
+                "body.prompt",
+            )
         req = self._request(row_id, raw, line.text, line.token_ids, line.sampling)
         if isinstance(req, Request):
             if line.seed is not None:  # OpenAI's seed: same seed and prompt, same sample
@@ -115,8 +158,13 @@ class OpenAIPreparer(Preparer):
         body = raw.values.get("body") or {}
         if line.model and line.model != self.cfg.model.source and "model" not in self._warned:
             self._warned.add("model")
-            log.warning("%s: body.model %r differs from the job's model %r; every line runs on"
-                        " the job's model", raw.source, line.model, self.cfg.model.source)
+            log.warning(
+                "%s: body.model %r differs from the job's model %r; every line runs on"
+                " the job's model",
+                raw.source,
+                line.model,
+                self.cfg.model.source,
+            )
         for key in sorted(set(body) - HONOURED - set(UNSUPPORTED) - self._warned):
             self._warned.add(key)
             log.warning("%s: body.%s is not used (warned once)", raw.source, key)
@@ -128,19 +176,23 @@ PREPARERS["openai-batch"] = OpenAIPreparer
 # ---------------------------------------------------------------------- body parsing
 
 
-def parse_line(values: dict[str, Any], defaults: SamplingParams,
-               chat: Callable[[list[dict[str, str]]], str]) -> Line:
+def parse_line(
+    values: dict[str, Any], defaults: SamplingParams, chat: Callable[[list[dict[str, str]]], str]
+) -> Line:
     """Validate one line and render its prompt. Raises RenderError(code, message, field)."""
     method = values.get("method", "POST")
     if method != "POST":
         raise RenderError("bad_method", f"method must be POST, got {method!r}", "method")
     url = values.get("url")
     if url not in ENDPOINTS:
-        raise RenderError("unknown_endpoint", f"url {url!r} is not supported (use {CHAT} or"
-                          f" {COMPLETIONS})", "url")
+        raise RenderError(
+            "unknown_endpoint", f"url {url!r} is not supported (use {CHAT} or {COMPLETIONS})", "url"
+        )
     body = values.get("body")
     if not isinstance(body, dict):
-        raise RenderError("bad_body", f"body must be a JSON object, got {type(body).__name__}", "body")
+        raise RenderError(
+            "bad_body", f"body must be a JSON object, got {type(body).__name__}", "body"
+        )
     check_unsupported(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -155,8 +207,12 @@ def parse_line(values: dict[str, Any], defaults: SamplingParams,
 def check_unsupported(body: dict[str, Any]) -> None:
     for key, allowed in UNSUPPORTED.items():
         if key in body and body[key] not in allowed:
-            raise RenderError("unsupported", f"body.{key}={body[key]!r} is not supported yet"
-                              " (remove it, or leave it at its default)", f"body.{key}")
+            raise RenderError(
+                "unsupported",
+                f"body.{key}={body[key]!r} is not supported yet"
+                " (remove it, or leave it at its default)",
+                f"body.{key}",
+            )
 
 
 def parse_sampling(body: dict[str, Any], d: SamplingParams) -> tuple[SamplingParams, int | None]:
@@ -169,23 +225,31 @@ def parse_sampling(body: dict[str, Any], d: SamplingParams) -> tuple[SamplingPar
         raise RenderError("bad_body", "body.top_p must be > 0", "body.top_p")
     seed = _number(body, "seed", int)
     stop = _stop(body.get("stop"))
-    s = replace(d, max_new_tokens=d.max_new_tokens if max_new is None else max_new,
-                temperature=d.temperature if temperature is None else temperature,
-                top_p=d.top_p if top_p is None else top_p,
-                seed=d.seed if seed is None else seed, stop=d.stop if stop is None else stop)
+    s = replace(
+        d,
+        max_new_tokens=d.max_new_tokens if max_new is None else max_new,
+        temperature=d.temperature if temperature is None else temperature,
+        top_p=d.top_p if top_p is None else top_p,
+        seed=d.seed if seed is None else seed,
+        stop=d.stop if stop is None else stop,
+    )
     return s, seed
 
 
-def _number(body: dict[str, Any], key: str, kind: type, lo: float | None = None,
-            hi: float | None = None) -> Any:
+def _number(
+    body: dict[str, Any], key: str, kind: type, lo: float | None = None, hi: float | None = None
+) -> Any:
     v = body.get(key)
     if v is None:
         return None
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or v == int(v))
     if not ok or (lo is not None and v < lo) or (hi is not None and v > hi):
         bounds = f" in [{lo}, {hi}]" if hi is not None else (f" >= {lo}" if lo is not None else "")
-        raise RenderError("bad_body", f"body.{key} must be {'an integer' if kind is int else 'a number'}"
-                          f"{bounds}, got {v!r}", f"body.{key}")
+        raise RenderError(
+            "bad_body",
+            f"body.{key} must be {'an integer' if kind is int else 'a number'}{bounds}, got {v!r}",
+            f"body.{key}",
+        )
     return kind(v)
 
 
@@ -195,8 +259,9 @@ def _stop(v: Any) -> tuple[str, ...] | None:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise RenderError("bad_body", "body.stop must be a string or a list of non-empty strings",
-                          "body.stop")
+        raise RenderError(
+            "bad_body", "body.stop must be a string or a list of non-empty strings", "body.stop"
+        )
     return tuple(v)
 
 
@@ -211,13 +276,19 @@ def _prompt(body: dict[str, Any]) -> tuple[str, list[int] | None]:
     p = body.get("prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one prompt
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                         for t in p):
+    if (
+        isinstance(p, list)
+        and p
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p)
+    ):
         return "", list(p)
     if not isinstance(p, str):
-        raise RenderError("bad_body", "body.prompt must be a string, one string in a list, or a"
-                          " list of token ids (several prompts per line are not supported yet)",
-                          "body.prompt")
+        raise RenderError(
+            "bad_body",
+            "body.prompt must be a string, one string in a list, or a"
+            " list of token ids (several prompts per line are not supported yet)",
+            "body.prompt",
+        )
     if not p.strip():
         raise RenderError("empty_prompt", "body.prompt is empty", "body.prompt")
     return p, None

@@ -16,8 +16,16 @@ from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import PromptRenderer, RenderError
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 
-RESULT_COLUMNS = {"id", "completion", "finish_reason", "prompt_tokens", "cached_tokens",
-                  "completion_tokens", "cost_usd", "model"}
+RESULT_COLUMNS = {
+    "id",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "model",
+}
 
 
 def derived_id(ref: RowRef) -> str:
@@ -32,8 +40,9 @@ def row_seed(seed: int, row_id: str) -> int:
 
 def sampling_params(cfg: JobConfig) -> SamplingParams:
     g = cfg.generation
-    return SamplingParams(g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.seed,
-                          tuple(g.stop), g.ignore_eos)
+    return SamplingParams(
+        g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.seed, tuple(g.stop), g.ignore_eos
+    )
 
 
 def make_preparer(cfg: JobConfig, tokenizer: Any) -> Preparer:
@@ -70,7 +79,11 @@ class Preparer:
         out: list[Request | RowError | tuple[str, RawRow, str]] = [self._render(i) for i in items]
         todo = [k for k, o in enumerate(out) if isinstance(o, tuple)]
         texts = [out[k][2] for k in todo]
-        encoded = self.tokenizer(texts, add_special_tokens=self.renderer.adds_special_tokens)["input_ids"] if texts else []
+        encoded = (
+            self.tokenizer(texts, add_special_tokens=self.renderer.adds_special_tokens)["input_ids"]
+            if texts
+            else []
+        )
         for k, ids in zip(todo, encoded, strict=True):
             row_id, raw, text = out[k]
             out[k] = self._request(row_id, raw, text, list(ids))
@@ -81,7 +94,9 @@ class Preparer:
     def _render(self, item: Item) -> RowError | tuple[str, RawRow, str]:
         return self._per_row(item, lambda raw: self.renderer.render(raw.values))
 
-    def _per_row(self, item: Item, render: Callable[[RawRow], Any]) -> RowError | tuple[str, RawRow, Any]:
+    def _per_row(
+        self, item: Item, render: Callable[[RawRow], Any]
+    ) -> RowError | tuple[str, RawRow, Any]:
         """(id, row, render(row)), or the RowError that stopped the row: a parse error, a bad id,
         or a RenderError (named by row and field)."""
         if isinstance(item, RowError):
@@ -101,32 +116,63 @@ class Preparer:
             return derived_id(raw.source)
         v = raw.values.get(col)
         if v is None:
-            return RowError("missing_id", f"{raw.source}: the id column {col!r} is null or missing",
-                            raw.source, None, col)
+            return RowError(
+                "missing_id",
+                f"{raw.source}: the id column {col!r} is null or missing",
+                raw.source,
+                None,
+                col,
+            )
         if isinstance(v, bool) or not isinstance(v, (str, int)):
-            return RowError("bad_type", f"{raw.source}: id {col!r} must be a string or integer,"
-                            f" got {type(v).__name__}", raw.source, None, col)
+            return RowError(
+                "bad_type",
+                f"{raw.source}: id {col!r} must be a string or integer, got {type(v).__name__}",
+                raw.source,
+                None,
+                col,
+            )
         if isinstance(v, str) and not v.strip():
-            return RowError("missing_id", f"{raw.source}: the id {col!r} is empty", raw.source, None, col)
+            return RowError(
+                "missing_id", f"{raw.source}: the id {col!r} is empty", raw.source, None, col
+            )
         return str(v)
 
-    def _request(self, row_id: str, raw: RawRow, text: str, ids: list[int],
-                 sampling: SamplingParams | None = None) -> Request | RowError:
+    def _request(
+        self,
+        row_id: str,
+        raw: RawRow,
+        text: str,
+        ids: list[int],
+        sampling: SamplingParams | None = None,
+    ) -> Request | RowError:
         limit = self.cfg.model.max_model_len - 1  # room for at least one new token
         if len(ids) > limit:
             policy = self.cfg.input.on_too_long
             if policy == "error":
-                return RowError("too_long", f"{raw.source}: the prompt has {len(ids)} tokens;"
-                                f" max_model_len {limit + 1} leaves no room to generate (set"
-                                " input.on_too_long to truncate_left or truncate_right to cut it)",
-                                raw.source, row_id, self.cfg.input.prompt.column)
+                return RowError(
+                    "too_long",
+                    f"{raw.source}: the prompt has {len(ids)} tokens;"
+                    f" max_model_len {limit + 1} leaves no room to generate (set"
+                    " input.on_too_long to truncate_left or truncate_right to cut it)",
+                    raw.source,
+                    row_id,
+                    self.cfg.input.prompt.column,
+                )
             ids = ids[-limit:] if policy == "truncate_left" else ids[:limit]
         room = self.cfg.model.max_model_len - len(ids)
         sampling = sampling or self.sampling
         if sampling.max_new_tokens > room:
             sampling = SamplingParams(**{**sampling.__dict__, "max_new_tokens": room})
-        return Request(row_id, ids, sampling, raw.source, text, self._priority(raw),
-                       row_seed(self.sampling.seed, row_id), self._columns(raw))
+        return Request(
+            row_id,
+            ids,
+            sampling,
+            raw.source,
+            text,
+            self._priority(raw),
+            row_seed(self.sampling.seed, row_id),
+            self._columns(raw),
+        )
 
     def _priority(self, raw: RawRow) -> int:
         col = self.cfg.input.priority_column
@@ -137,8 +183,11 @@ class Preparer:
         if not self.cfg.output.keep_input_columns:
             return {}
         skip = self.cfg.input.id_column
-        return {(f"input_{k}" if k in RESULT_COLUMNS else k): v
-                for k, v in raw.values.items() if k != skip}
+        return {
+            (f"input_{k}" if k in RESULT_COLUMNS else k): v
+            for k, v in raw.values.items()
+            if k != skip
+        }
 
 
 PREPARERS: dict[str, type[Preparer]] = {}  # input format -> its preparer (default: Preparer)

@@ -60,7 +60,9 @@ class PromptRenderer:
             messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
         if not getattr(self.tokenizer, "chat_template", None):
             raise RenderError("no_chat_template", "the model's tokenizer has no chat template")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
 
     def _column_text(self, values: dict[str, Any], column: str) -> str:
         if column not in values:
@@ -69,13 +71,17 @@ class PromptRenderer:
         if v is None:
             raise RenderError("empty_prompt", f"the prompt column {column!r} is null", column)
         if not isinstance(v, str):
-            raise RenderError("bad_type", f"{column!r} must be a string, got {type(v).__name__}", column)
+            raise RenderError(
+                "bad_type", f"{column!r} must be a string, got {type(v).__name__}", column
+            )
         return v
 
     def _template(self, values: dict[str, Any]) -> str:
         missing = [f for f in self.fields if f not in values or values[f] is None]
         if missing:
-            raise RenderError("missing_field", f"template fields missing or null: {missing}", missing[0])
+            raise RenderError(
+                "missing_field", f"template fields missing or null: {missing}", missing[0]
+            )
         return self.cfg.prompt.template.format_map({f: values[f] for f in self.fields})
 
     def _messages(self, values: dict[str, Any], column: str) -> list[dict[str, str]]:
@@ -88,7 +94,9 @@ class PromptRenderer:
             try:
                 msgs = json.loads(msgs)
             except ValueError as e:
-                raise RenderError("bad_type", f"{column!r}: not a JSON list of messages", column) from e
+                raise RenderError(
+                    "bad_type", f"{column!r}: not a JSON list of messages", column
+                ) from e
         return validate_messages(msgs, column)
 
 

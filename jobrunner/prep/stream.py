@@ -32,9 +32,14 @@ def dedup_key(r: Request) -> bytes | None:
 
 
 class PrepStream:
-    def __init__(self, cfg: JobConfig, tokenizer: Any, skip_ids: set[str],
-                 order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
-                 depth: int = 4096) -> None:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        tokenizer: Any,
+        skip_ids: set[str],
+        order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
+        depth: int = 4096,
+    ) -> None:
         self.cfg = cfg
         self.preparer = make_preparer(cfg, tokenizer)
         self.skip_ids = skip_ids
@@ -81,8 +86,17 @@ class PrepStream:
         from dataclasses import replace
 
         leader.shared_with = 1 + len(followers)
-        return [replace(leader, id=f.id, source=f.source, columns=f.columns, meta=f.meta,
-                        usage=replace(leader.usage)) for f in followers]
+        return [
+            replace(
+                leader,
+                id=f.id,
+                source=f.source,
+                columns=f.columns,
+                meta=f.meta,
+                usage=replace(leader.usage),
+            )
+            for f in followers
+        ]
 
     # ---------------------------------------------------------------- worker
 

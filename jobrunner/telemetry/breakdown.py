@@ -20,7 +20,9 @@ from jobrunner.telemetry.cost import DEFAULT_DECODE_WEIGHT
 PHASES = ("load", "prefill", "decode", "forward", "engine", "other")
 
 
-def split_step(step: dict[str, Any], decode_weight: float = DEFAULT_DECODE_WEIGHT) -> dict[str, float]:
+def split_step(
+    step: dict[str, Any], decode_weight: float = DEFAULT_DECODE_WEIGHT
+) -> dict[str, float]:
     """One step's seconds as {prefill, decode} (or {forward} when the step has no counts)."""
     secs = step.get("step_seconds") or 0.0
     p, d = step.get("prefill_tokens"), step.get("decode_tokens")

@@ -12,9 +12,17 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+]
 CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome")
 
 
@@ -31,14 +39,26 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     if exe is None:
         raise FileNotFoundError("no chromium found (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory(prefix="jobrunner-chromium-") as profile:
-        return subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *args],
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [exe, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def dump_dom(html: Path, budget_ms: int = 10000, timeout: float = 120) -> tuple[str, str]:
     """(the DOM after scripts ran, Chromium's console log lines)."""
-    p = _run(["--enable-logging=stderr", "--v=0", f"--virtual-time-budget={budget_ms}",
-              "--dump-dom", html.resolve().as_uri()], timeout)
+    p = _run(
+        [
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            html.resolve().as_uri(),
+        ],
+        timeout,
+    )
     return p.stdout, p.stderr
 
 
@@ -48,15 +68,26 @@ def console_errors(stderr: str) -> list[str]:
     Chromium logs every console line at INFO; report pages also record console.error calls
     and uncaught errors in body[data-errors] (see report_html), which tests check as well.
     """
-    return [ln for ln in stderr.splitlines()
-            if re.search(r"CONSOLE[:(]\d+", ln) and re.search(r"Uncaught|Error", ln)]
+    return [
+        ln
+        for ln in stderr.splitlines()
+        if re.search(r"CONSOLE[:(]\d+", ln) and re.search(r"Uncaught|Error", ln)
+    ]
 
 
-def screenshot(html: Path, png: Path, width: int = 1280, height: int = 3000,
-               timeout: float = 120) -> Path:
+def screenshot(
+    html: Path, png: Path, width: int = 1280, height: int = 3000, timeout: float = 120
+) -> Path:
     png.parent.mkdir(parents=True, exist_ok=True)
-    _run([f"--screenshot={png.resolve()}", f"--window-size={width},{height}",
-          "--virtual-time-budget=10000", html.resolve().as_uri()], timeout)
+    _run(
+        [
+            f"--screenshot={png.resolve()}",
+            f"--window-size={width},{height}",
+            "--virtual-time-budget=10000",
+            html.resolve().as_uri(),
+        ],
+        timeout,
+    )
     if not png.is_file():
         raise RuntimeError(f"chromium wrote no screenshot to {png}")
     return png

@@ -45,12 +45,16 @@ class Savings:
         self.work_units += other.work_units
 
     def to_json(self) -> dict[str, float]:
-        return {"cache_saved_usd": self.cache_usd, "dedup_saved_usd": self.dedup_usd,
-                "work_units": self.work_units}
+        return {
+            "cache_saved_usd": self.cache_usd,
+            "dedup_saved_usd": self.dedup_usd,
+            "work_units": self.work_units,
+        }
 
 
-def share_cost(results: Sequence[Result], usd: float,
-               decode_weight: float = DEFAULT_DECODE_WEIGHT) -> Savings:
+def share_cost(
+    results: Sequence[Result], usd: float, decode_weight: float = DEFAULT_DECODE_WEIGHT
+) -> Savings:
     """Set each result's usage.cost_usd so that together they add up to `usd`.
 
     Returns what the cache and dedup saved in this interval: a cached prompt token would have

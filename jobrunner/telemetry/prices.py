@@ -20,7 +20,12 @@ class Price:
 
 # Matched by substring of the device name, first match wins (so "H100" before "H10").
 GPU_PRICES: list[tuple[str, Price]] = [
-    ("H200", Price(3.50, "cloud on-demand list price per H200 GPU-hour (8-GPU instances / 8)", "2026-11")),
+    (
+        "H200",
+        Price(
+            3.50, "cloud on-demand list price per H200 GPU-hour (8-GPU instances / 8)", "2026-11"
+        ),
+    ),
     ("H100", Price(2.99, "cloud on-demand list price per H100 SXM GPU-hour", "2026-11")),
     ("A100-SXM4-80GB", Price(1.79, "cloud on-demand list price per A100 80GB GPU-hour", "2026-11")),
     ("A100 80GB", Price(1.79, "cloud on-demand list price per A100 80GB GPU-hour", "2026-11")),
@@ -30,8 +35,12 @@ GPU_PRICES: list[tuple[str, Price]] = [
     ("L4", Price(0.80, "GCP g2-standard-4 on-demand (1x L4)", "2026-11")),
     ("T4", Price(0.53, "AWS g4dn.xlarge on-demand (1x T4)", "2026-11")),
 ]
-CPU_CORE_PRICE = Price(0.048, "AWS c7i on-demand price per vCPU-hour (c7i.large $0.0893 / 2)", "2026-11")
-UNKNOWN_GPU_PRICE = Price(2.00, "no table entry for this GPU: a generic on-demand GPU-hour", "2026-11")
+CPU_CORE_PRICE = Price(
+    0.048, "AWS c7i on-demand price per vCPU-hour (c7i.large $0.0893 / 2)", "2026-11"
+)
+UNKNOWN_GPU_PRICE = Price(
+    2.00, "no table entry for this GPU: a generic on-demand GPU-hour", "2026-11"
+)
 
 
 def device_price(device: DeviceInfo) -> Price:
@@ -66,8 +75,9 @@ class ApiPrice:
     date: str
 
     def price(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.usd_per_1m_input
-                + completion_tokens * self.usd_per_1m_output) / 1e6
+        return (
+            prompt_tokens * self.usd_per_1m_input + completion_tokens * self.usd_per_1m_output
+        ) / 1e6
 
 
 # Batch prices (50% of the interactive price) as published by each provider at `date`. Every
@@ -86,15 +96,23 @@ API_PRICES: list[ApiPrice] = [
 ]
 
 
-def api_equivalent(prompt_tokens: int, completion_tokens: int, own_usd: float | None = None
-                   ) -> list[dict]:
+def api_equivalent(
+    prompt_tokens: int, completion_tokens: int, own_usd: float | None = None
+) -> list[dict]:
     """What the same tokens would cost at each listed API, and how that compares to ours."""
     out = []
     for p in API_PRICES:
         usd = p.price(prompt_tokens, completion_tokens)
-        out.append({"provider": p.provider, "model": p.model, "usd": usd,
-                    "usd_per_1m_input": p.usd_per_1m_input,
-                    "usd_per_1m_output": p.usd_per_1m_output,
-                    "ratio_to_ours": usd / own_usd if own_usd else None,
-                    "source": p.source, "date": p.date})
+        out.append(
+            {
+                "provider": p.provider,
+                "model": p.model,
+                "usd": usd,
+                "usd_per_1m_input": p.usd_per_1m_input,
+                "usd_per_1m_output": p.usd_per_1m_output,
+                "ratio_to_ours": usd / own_usd if own_usd else None,
+                "source": p.source,
+                "date": p.date,
+            }
+        )
     return out

@@ -44,9 +44,14 @@ class Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
         from rich.progress import Progress as RichProgress
 
-        self._bar = RichProgress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(),
-                                 transient=False)
+        self._bar = RichProgress(
+            TextColumn("rows"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
         self._task = self._bar.add_task("rows", total=self.total or None, tps="-")
         self._bar.start()
 
@@ -66,8 +71,10 @@ class Progress:
 
     def line(self) -> str:
         prompt = f", {self.live.prefill_tokens:,} prompt tokens computed" if self.live else ""
-        return (f"{self.done}/{self.total} rows, {self.generated:,} tokens generated"
-                f" ({self.tokens_per_second:,.0f} tok/s){prompt}")
+        return (
+            f"{self.done}/{self.total} rows, {self.generated:,} tokens generated"
+            f" ({self.tokens_per_second:,.0f} tok/s){prompt}"
+        )
 
     def _tick(self) -> None:
         """The rate while no row finishes: the bar each second, a log line every log_every."""

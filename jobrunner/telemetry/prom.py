@@ -29,28 +29,56 @@ def build_registry(report: dict[str, Any], steps: list[dict[str, Any]] | None = 
 
     tok = report["tokens"]
     counter("jobrunner_prompt_tokens", "Prompt tokens of the finished rows.", tok["prompt"])
-    counter("jobrunner_prompt_tokens_cached", "Prompt tokens served from the prefix cache.",
-            tok["cached"])
+    counter(
+        "jobrunner_prompt_tokens_cached",
+        "Prompt tokens served from the prefix cache.",
+        tok["cached"],
+    )
     counter("jobrunner_generation_tokens", "Generated (completion) tokens.", tok["completion"])
-    c = Counter("jobrunner_request_success", "Finished rows by finish reason.",
-                ["job_name", "finished_reason"], registry=reg)
+    c = Counter(
+        "jobrunner_request_success",
+        "Finished rows by finish reason.",
+        ["job_name", "finished_reason"],
+        registry=reg,
+    )
     for reason, n in sorted(report["finish_reasons"].items()):
         c.labels(job, str(reason)).inc(n)
-    counter("jobrunner_request_failure", "Rows that failed (see errors.jsonl).",
-            report["rows"]["failed"])
-    counter("jobrunner_num_preemptions", "Sequences preempted to free KV-cache blocks.",
-            report["engine_stats"]["preemptions"])
-    gauge("jobrunner_time_per_output_token_seconds",
-          "Mean time between a sequence's generated tokens (decode step time).", tpot(steps or []))
-    gauge("jobrunner_cost_usd", "What the job cost in USD (device time at the device-hour price).",
-          report["cost"]["cost_usd"])
-    gauge("jobrunner_cost_saved_usd", "USD saved by the prefix cache and deduplication.",
-          report["cost"]["cache_saved_usd"] + report["cost"]["dedup_saved_usd"])
-    gauge("jobrunner_duration_seconds", "Wall time of the job, summed over its runs.",
-          report["time"]["wall_seconds"])
+    counter(
+        "jobrunner_request_failure",
+        "Rows that failed (see errors.jsonl).",
+        report["rows"]["failed"],
+    )
+    counter(
+        "jobrunner_num_preemptions",
+        "Sequences preempted to free KV-cache blocks.",
+        report["engine_stats"]["preemptions"],
+    )
+    gauge(
+        "jobrunner_time_per_output_token_seconds",
+        "Mean time between a sequence's generated tokens (decode step time).",
+        tpot(steps or []),
+    )
+    gauge(
+        "jobrunner_cost_usd",
+        "What the job cost in USD (device time at the device-hour price).",
+        report["cost"]["cost_usd"],
+    )
+    gauge(
+        "jobrunner_cost_saved_usd",
+        "USD saved by the prefix cache and deduplication.",
+        report["cost"]["cache_saved_usd"] + report["cost"]["dedup_saved_usd"],
+    )
+    gauge(
+        "jobrunner_duration_seconds",
+        "Wall time of the job, summed over its runs.",
+        report["time"]["wall_seconds"],
+    )
     gauge("jobrunner_energy_kwh", "GPU energy (NVML counter).", report["cost"]["energy_kwh"])
-    gauge("jobrunner_last_success_timestamp_seconds", "When the job last finished every row.",
-          report.get("finished_at"))
+    gauge(
+        "jobrunner_last_success_timestamp_seconds",
+        "When the job last finished every row.",
+        report.get("finished_at"),
+    )
     return reg
 
 
@@ -77,5 +105,10 @@ def push_metrics(run_path: str | Path, url: str) -> None:
 
     report = load_report(run_path)
     reg = build_registry(report, read_timeline(run_path, STEPS_FILE))
-    push_to_gateway(url, job="jobrunner", grouping_key={"job_name": str(report.get("job") or "job")},
-                    registry=reg, timeout=10)
+    push_to_gateway(
+        url,
+        job="jobrunner",
+        grouping_key={"job_name": str(report.get("job") or "job")},
+        registry=reg,
+        timeout=10,
+    )

@@ -24,8 +24,14 @@ ESTIMATE_FILE = "estimate.json"
 
 
 def row_totals(rundir: RunDir) -> dict[str, Any]:
-    t = {"rows": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
-         "finish_reasons": {}}
+    t = {
+        "rows": 0,
+        "prompt_tokens": 0,
+        "cached_tokens": 0,
+        "completion_tokens": 0,
+        "cost_usd": 0.0,
+        "finish_reasons": {},
+    }
     for rec in iter_token_columns(rundir):
         t["rows"] += 1
         for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"):
@@ -67,30 +73,50 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "job": last.get("job"),
         "model": last.get("model"),
         "engine": last.get("engine"),
-        "rows": {"succeeded": ok, "failed": failed, "skipped": last.get("skipped", 0),
-                 "total": ok + failed},
+        "rows": {
+            "succeeded": ok,
+            "failed": failed,
+            "skipped": last.get("skipped", 0),
+            "total": ok + failed,
+        },
         "finish_reasons": t["finish_reasons"],
-        "tokens": {"prompt": t["prompt_tokens"], "cached": t["cached_tokens"],
-                   "computed_prompt": t["prompt_tokens"] - t["cached_tokens"],
-                   "completion": t["completion_tokens"], "total": tokens},
-        "time": {"wall_seconds": wall, "engine_seconds": engine, "forward_seconds": forward,
-                 "load_seconds": load,
-                 "engine_busy_fraction": forward / wall if wall else None,
-                 "busy_fraction_after_load": forward / (wall - load) if wall > load else None,
-                 "forward_fraction_of_engine": forward / engine if engine else None,
-                 "breakdown": time_breakdown(runs, steps)},
-        "throughput": {"completion_tokens_per_second": t["completion_tokens"] / wall if wall else None,
-                       "total_tokens_per_second": tokens / wall if wall else None,
-                       "rows_per_second": t["rows"] / wall if wall else None},
-        "device": {"name": last.get("device_name"), "kind": last.get("device_kind"),
-                   "count": last.get("device_count"), "device_hours": device_hours,
-                   "gpu_hours": device_hours if last.get("device_kind") == "cuda" else 0.0},
+        "tokens": {
+            "prompt": t["prompt_tokens"],
+            "cached": t["cached_tokens"],
+            "computed_prompt": t["prompt_tokens"] - t["cached_tokens"],
+            "completion": t["completion_tokens"],
+            "total": tokens,
+        },
+        "time": {
+            "wall_seconds": wall,
+            "engine_seconds": engine,
+            "forward_seconds": forward,
+            "load_seconds": load,
+            "engine_busy_fraction": forward / wall if wall else None,
+            "busy_fraction_after_load": forward / (wall - load) if wall > load else None,
+            "forward_fraction_of_engine": forward / engine if engine else None,
+            "breakdown": time_breakdown(runs, steps),
+        },
+        "throughput": {
+            "completion_tokens_per_second": t["completion_tokens"] / wall if wall else None,
+            "total_tokens_per_second": tokens / wall if wall else None,
+            "rows_per_second": t["rows"] / wall if wall else None,
+        },
+        "device": {
+            "name": last.get("device_name"),
+            "kind": last.get("device_kind"),
+            "count": last.get("device_count"),
+            "device_hours": device_hours,
+            "gpu_hours": device_hours if last.get("device_kind") == "cuda" else 0.0,
+        },
         "cost": _cost(t, runs, tokens),
         "api_equivalent": api_equivalent(t["prompt_tokens"], t["completion_tokens"], t["cost_usd"]),
         "telemetry": device_summary(read_timeline(rundir.path, DEVICE_FILE), steps),
         "model_memory": report_section(last),
-        "engine_stats": {k: sum(r.get(k, 0) for r in runs)
-                         for k in ("steps", "preemptions", "oom_retries", "deduplicated")},
+        "engine_stats": {
+            k: sum(r.get(k, 0) for r in runs)
+            for k in ("steps", "preemptions", "oom_retries", "deduplicated")
+        },
         "notes": [n for r in runs for n in r.get("notes", [])],
         "runs": len(runs),
         "workers": [w for r in runs for w in r.get("workers", [])],  # executor: ray
@@ -106,34 +132,43 @@ def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[st
     cache = sum(r.get("cache_saved_usd", 0.0) for r in runs)
     dedup = sum(r.get("dedup_saved_usd", 0.0) for r in runs)
     usd = t["cost_usd"]
-    return {"cost_usd": usd, "usd_per_hour": last.get("usd_per_hour"),
-            "price_source": last.get("price_source"),
-            "usd_per_1m_input_tokens": per_million(usd, t["prompt_tokens"]),
-            "usd_per_1m_output_tokens": per_million(usd, t["completion_tokens"]),
-            "usd_per_1m_tokens": per_million(usd, tokens),
-            "cache_saved_usd": cache, "dedup_saved_usd": dedup,
-            "cost_without_savings_usd": usd + cache + dedup,
-            "energy_kwh": sum(energy) if energy else None}
+    return {
+        "cost_usd": usd,
+        "usd_per_hour": last.get("usd_per_hour"),
+        "price_source": last.get("price_source"),
+        "usd_per_1m_input_tokens": per_million(usd, t["prompt_tokens"]),
+        "usd_per_1m_output_tokens": per_million(usd, t["completion_tokens"]),
+        "usd_per_1m_tokens": per_million(usd, tokens),
+        "cache_saved_usd": cache,
+        "dedup_saved_usd": dedup,
+        "cost_without_savings_usd": usd + cache + dedup,
+        "energy_kwh": sum(energy) if energy else None,
+    }
 
 
 def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Means and peaks of the sampled timelines (None where nothing was measured)."""
+
     def stat(device_prefix: str, key: str, fn) -> float | None:
-        vals = [s[key] for s in samples if s["device"].startswith(device_prefix) and s[key] is not None]
+        vals = [
+            s[key] for s in samples if s["device"].startswith(device_prefix) and s[key] is not None
+        ]
         return fn(vals) if vals else None
 
     def mean(v):
         return sum(v) / len(v)
 
     kv = [s["kv_blocks_used"] for s in steps if s.get("kv_blocks_used") is not None]
-    return {"samples": len(samples),
-            "gpu_util_mean_percent": stat("cuda", "util_percent", mean),
-            "gpu_power_mean_w": stat("cuda", "power_w", mean),
-            "gpu_mem_peak_bytes": stat("cuda", "mem_used_bytes", max),
-            "host_cpu_mean_percent": stat("host", "util_percent", mean),
-            "host_rss_peak_bytes": stat("host", "mem_used_bytes", max),
-            "kv_blocks_peak": max(kv) if kv else None,
-            "running_peak": max((s["num_running"] or 0 for s in steps), default=None)}
+    return {
+        "samples": len(samples),
+        "gpu_util_mean_percent": stat("cuda", "util_percent", mean),
+        "gpu_power_mean_w": stat("cuda", "power_w", mean),
+        "gpu_mem_peak_bytes": stat("cuda", "mem_used_bytes", max),
+        "host_cpu_mean_percent": stat("host", "util_percent", mean),
+        "host_rss_peak_bytes": stat("host", "mem_used_bytes", max),
+        "kv_blocks_peak": max(kv) if kv else None,
+        "running_peak": max((s["num_running"] or 0 for s in steps), default=None),
+    }
 
 
 def compare_estimate(path: Path, report: dict[str, Any]) -> dict[str, Any] | None:
@@ -141,12 +176,19 @@ def compare_estimate(path: Path, report: dict[str, Any]) -> dict[str, Any] | Non
     if not path.is_file():
         return None
     est = json.loads(path.read_text(encoding="utf-8"))
-    actual = {"rows": report["rows"]["total"], "prompt_tokens": report["tokens"]["prompt"],
-              "completion_tokens": report["tokens"]["completion"],
-              "wall_seconds": report["time"]["wall_seconds"], "cost_usd": report["cost"]["cost_usd"]}
-    out: dict[str, Any] = {"created_at": est.get("created_at"),
-                           "throughput_source": est.get("throughput", {}).get("source"),
-                           "completion_source": est.get("completion_source"), "figures": {}}
+    actual = {
+        "rows": report["rows"]["total"],
+        "prompt_tokens": report["tokens"]["prompt"],
+        "completion_tokens": report["tokens"]["completion"],
+        "wall_seconds": report["time"]["wall_seconds"],
+        "cost_usd": report["cost"]["cost_usd"],
+    }
+    out: dict[str, Any] = {
+        "created_at": est.get("created_at"),
+        "throughput_source": est.get("throughput", {}).get("source"),
+        "completion_source": est.get("completion_source"),
+        "figures": {},
+    }
     for key, a in actual.items():
         p = est.get(key)
         err = (p - a) / a if p is not None and a else None

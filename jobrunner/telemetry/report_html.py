@@ -29,14 +29,18 @@ td,th{border-bottom:1px solid #e6e9ef;padding:4px 10px;text-align:left}
 .grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 """
 
-HOOK = ("<script>window.__errors=[];function __rec(m){window.__errors.push(String(m));"
-        "if(document.body){document.body.dataset.errors=window.__errors.join(' | ');}}"
-        "window.addEventListener('error',function(e){__rec(e.message);});"
-        "var __ce=console.error;console.error=function(){__rec([].join.call(arguments,' '));"
-        "__ce.apply(console,arguments);};</script>")
-COUNT = ("<script>document.body.dataset.charts=String(document.querySelectorAll('.js-plotly-plot .main-svg').length"
-         " ? document.querySelectorAll('.js-plotly-plot').length : 0);"
-         "document.body.dataset.errors=window.__errors.join(' | ');</script>")
+HOOK = (
+    "<script>window.__errors=[];function __rec(m){window.__errors.push(String(m));"
+    "if(document.body){document.body.dataset.errors=window.__errors.join(' | ');}}"
+    "window.addEventListener('error',function(e){__rec(e.message);});"
+    "var __ce=console.error;console.error=function(){__rec([].join.call(arguments,' '));"
+    "__ce.apply(console,arguments);};</script>"
+)
+COUNT = (
+    "<script>document.body.dataset.charts=String(document.querySelectorAll('.js-plotly-plot .main-svg').length"
+    " ? document.querySelectorAll('.js-plotly-plot').length : 0);"
+    "document.body.dataset.errors=window.__errors.join(' | ');</script>"
+)
 
 
 def to_html(report: dict[str, Any], rundir: RunDir) -> str:
@@ -45,27 +49,49 @@ def to_html(report: dict[str, Any], rundir: RunDir) -> str:
     steps = read_timeline(rundir.path, STEPS_FILE)
     samples = read_timeline(rundir.path, DEVICE_FILE)
     rows = [r for r in iter_token_columns(rundir) if r["finish_reason"] != "error"]
-    figs = [charts.cost(report), charts.throughput(steps), charts.running(steps),
-            charts.device(samples), charts.lengths(rows)]
+    figs = [
+        charts.cost(report),
+        charts.throughput(steps),
+        charts.running(steps),
+        charts.device(samples),
+        charts.lengths(rows),
+    ]
     drawn = [f for f in figs if f is not None]
     chart_html = [_fig_html(f, first=i == 0) for i, f in enumerate(drawn)]
     title = html.escape(f"jobrunner report: {report['job']}")
     d = report["device"]
-    sub = html.escape(f"model {report['model']} on {d['count']} x {d['name']}, {report['engine']}"
-                      f" engine; {report['rows']['succeeded']:,} rows succeeded,"
-                      f" {report['rows']['failed']:,} failed")
-    return "\n".join([
-        "<!doctype html><html><head><meta charset='utf-8'>", f"<title>{title}</title>",
-        f"<style>{CSS}</style>", "</head><body>", HOOK, f"<h1>{title}</h1>", f"<p class='sub'>{sub}</p>",
-        tiles(report), *chart_html, "<div class='grid2'>",
-        _md_table(time_table(report)), _md_table(api_table(report)), "</div>",
-        _md_table(estimate_table(report)), _notes(report), COUNT, "</body></html>",
-    ])
+    sub = html.escape(
+        f"model {report['model']} on {d['count']} x {d['name']}, {report['engine']}"
+        f" engine; {report['rows']['succeeded']:,} rows succeeded,"
+        f" {report['rows']['failed']:,} failed"
+    )
+    return "\n".join(
+        [
+            "<!doctype html><html><head><meta charset='utf-8'>",
+            f"<title>{title}</title>",
+            f"<style>{CSS}</style>",
+            "</head><body>",
+            HOOK,
+            f"<h1>{title}</h1>",
+            f"<p class='sub'>{sub}</p>",
+            tiles(report),
+            *chart_html,
+            "<div class='grid2'>",
+            _md_table(time_table(report)),
+            _md_table(api_table(report)),
+            "</div>",
+            _md_table(estimate_table(report)),
+            _notes(report),
+            COUNT,
+            "</body></html>",
+        ]
+    )
 
 
 def _fig_html(fig, first: bool) -> str:
-    body = fig.to_html(full_html=False, include_plotlyjs=first,
-                       config={"displaylogo": False, "responsive": True})
+    body = fig.to_html(
+        full_html=False, include_plotlyjs=first, config={"displaylogo": False, "responsive": True}
+    )
     return f"<div class='chart'>{body}</div>"
 
 
@@ -78,20 +104,30 @@ def tiles(r: dict[str, Any]) -> str:
 
     def pct(x: float) -> str:
         return f", {x / without:.1%} of the bill without it" if without else ""
+
     items = [
         (usd(c["cost_usd"]), "total cost"),
         (usd(c["usd_per_1m_tokens"]), "per 1M tokens (in + out)"),
         (usd(c["usd_per_1m_input_tokens"]), "per 1M input tokens"),
         (usd(c["usd_per_1m_output_tokens"]), "per 1M output tokens"),
-        (usd(c["cache_saved_usd"]), f"saved by the prefix cache ({tok['cached']:,} tokens{pct(c['cache_saved_usd'])})"),
-        (usd(c["dedup_saved_usd"]), f"saved by dedup ({r['engine_stats']['deduplicated']} rows{pct(c['dedup_saved_usd'])})"),
+        (
+            usd(c["cache_saved_usd"]),
+            f"saved by the prefix cache ({tok['cached']:,} tokens{pct(c['cache_saved_usd'])})",
+        ),
+        (
+            usd(c["dedup_saved_usd"]),
+            f"saved by dedup ({r['engine_stats']['deduplicated']} rows{pct(c['dedup_saved_usd'])})",
+        ),
         (f"{fmt(tm['wall_seconds'], ',.1f')} s", f"wall time; most in {busiest}{share}"),
         (f"{fmt(r['throughput']['completion_tokens_per_second'], ',.1f')}", "generated tokens/s"),
     ]
     if c["energy_kwh"] is not None:
         items.append((f"{c['energy_kwh']:.4f} kWh", "GPU energy (NVML)"))
-    cells = "".join(f"<div class='tile'><div class='v'>{html.escape(v)}</div>"
-                    f"<div class='k'>{html.escape(k)}</div></div>" for v, k in items)
+    cells = "".join(
+        f"<div class='tile'><div class='v'>{html.escape(v)}</div>"
+        f"<div class='k'>{html.escape(k)}</div></div>"
+        for v, k in items
+    )
     return f"<div class='tiles'>{cells}</div>"
 
 
@@ -123,8 +159,12 @@ def _md_table(lines: list[str]) -> str:
 
 def _notes(r: dict[str, Any]) -> str:
     c = r["cost"]
-    items = [f"Device price: ${fmt(c['usd_per_hour'], '.3f')}/h ({c['price_source']}).",
-             "Each row's cost is its share of the device time by work: prompt tokens actually"
-             " computed, plus each decode step it spent in the batch; duplicates split one cost.",
-             *r["notes"]]
-    return "<h3>Notes</h3><ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in items) + "</ul>"
+    items = [
+        f"Device price: ${fmt(c['usd_per_hour'], '.3f')}/h ({c['price_source']}).",
+        "Each row's cost is its share of the device time by work: prompt tokens actually"
+        " computed, plus each decode step it spent in the batch; duplicates split one cost.",
+        *r["notes"],
+    ]
+    return (
+        "<h3>Notes</h3><ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in items) + "</ul>"
+    )

@@ -18,16 +18,30 @@ def usd(x: float | None, spec: str | None = None) -> str:
     if x is None:
         return "n/a"
     if spec is None:
-        digits = 2 if abs(x) >= 10 else 4 if abs(x) >= 0.01 or x == 0 else 2 - math.floor(math.log10(abs(x)))
+        digits = (
+            2
+            if abs(x) >= 10
+            else 4
+            if abs(x) >= 0.01 or x == 0
+            else 2 - math.floor(math.log10(abs(x)))
+        )
         spec = f",.{digits}f"
     return f"${format(x, spec)}"
 
 
 def to_markdown(r: dict[str, Any]) -> str:
-    lines = [f"# Job report: {r['job']}", "",
-             f"Model `{r['model']}` on {r['device']['count']} x {r['device']['name']}"
-             f" ({r['engine']} engine).", "",
-             *summary_table(r), *markdown_lines(r.get("model_memory")), *time_table(r), *api_table(r), *estimate_table(r)]
+    lines = [
+        f"# Job report: {r['job']}",
+        "",
+        f"Model `{r['model']}` on {r['device']['count']} x {r['device']['name']}"
+        f" ({r['engine']} engine).",
+        "",
+        *summary_table(r),
+        *markdown_lines(r.get("model_memory")),
+        *time_table(r),
+        *api_table(r),
+        *estimate_table(r),
+    ]
     if r["notes"]:
         lines += ["Notes:", *[f"- {n}" for n in r["notes"]], ""]
     return "\n".join(lines)
@@ -62,19 +76,27 @@ def summary_table(r: dict[str, Any]) -> list[str]:
 def time_table(r: dict[str, Any]) -> list[str]:
     b = r["time"]["breakdown"]
     lines = ["## Where the time went", "", "| phase | seconds | cost |", "| --- | --- | --- |"]
-    lines += [f"| {p} | {b['seconds'][p]:.2f} | {usd(b['usd'][p])} |" for p in PHASES
-              if b["seconds"][p] > 0]
+    lines += [
+        f"| {p} | {b['seconds'][p]:.2f} | {usd(b['usd'][p])} |"
+        for p in PHASES
+        if b["seconds"][p] > 0
+    ]
     return [*lines, ""]
 
 
 def api_table(r: dict[str, Any]) -> list[str]:
-    lines = ["## The same tokens at hosted batch APIs", "",
-             "| provider | model | $ in / out per 1M | cost | x ours | prices as of |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "## The same tokens at hosted batch APIs",
+        "",
+        "| provider | model | $ in / out per 1M | cost | x ours | prices as of |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for a in r["api_equivalent"]:
-        lines.append(f"| {a['provider']} | {a['model']} | ${a['usd_per_1m_input']} / "
-                     f"${a['usd_per_1m_output']} | {usd(a['usd'])} | {fmt(a['ratio_to_ours'], ',.2f')}"
-                     f" | {a['date']} |")
+        lines.append(
+            f"| {a['provider']} | {a['model']} | ${a['usd_per_1m_input']} / "
+            f"${a['usd_per_1m_output']} | {usd(a['usd'])} | {fmt(a['ratio_to_ours'], ',.2f')}"
+            f" | {a['date']} |"
+        )
     return [*lines, ""]
 
 
@@ -82,10 +104,17 @@ def estimate_table(r: dict[str, Any]) -> list[str]:
     e = r.get("estimate")
     if not e:
         return []
-    lines = ["## Estimate vs actual", "",
-             f"Throughput model: {e['throughput_source']}; completion lengths: {e['completion_source']}.",
-             "", "| figure | predicted | actual | error |", "| --- | --- | --- | --- |"]
+    lines = [
+        "## Estimate vs actual",
+        "",
+        f"Throughput model: {e['throughput_source']}; completion lengths: {e['completion_source']}.",
+        "",
+        "| figure | predicted | actual | error |",
+        "| --- | --- | --- | --- |",
+    ]
     for k, f in e["figures"].items():
         err = "n/a" if f["error_fraction"] is None else f"{f['error_fraction']:+.1%}"
-        lines.append(f"| {k} | {fmt(f['predicted'], ',.6g')} | {fmt(f['actual'], ',.6g')} | {err} |")
+        lines.append(
+            f"| {k} | {fmt(f['predicted'], ',.6g')} | {fmt(f['actual'], ',.6g')} | {err} |"
+        )
     return [*lines, ""]

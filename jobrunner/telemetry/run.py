@@ -35,8 +35,9 @@ class RunTelemetry:
         self.sampler.start()
         return self
 
-    def finish(self, run_index: int, step_log: list[dict[str, Any]], savings: dict[str, float]
-               ) -> dict[str, Any]:
+    def finish(
+        self, run_index: int, step_log: list[dict[str, Any]], savings: dict[str, float]
+    ) -> dict[str, Any]:
         """Stop sampling, save both timelines; the fields to add to this run's record."""
         samples = self.sampler.stop()
         try:
@@ -44,5 +45,8 @@ class RunTelemetry:
             append_timeline(self.dir / STEPS_FILE, step_log, STEP_COLUMNS, run_index)
         except Exception as e:  # telemetry never fails a job that finished its rows
             log.warning("could not save telemetry timelines in %s: %s", self.dir, e)
-        return {"energy_kwh": self.sampler.energy_kwh(), **savings,
-                "sample_interval_s": self.sampler.interval}
+        return {
+            "energy_kwh": self.sampler.energy_kwh(),
+            **savings,
+            "sample_interval_s": self.sampler.interval,
+        }

@@ -57,11 +57,13 @@ class Sampler:
     def sample(self) -> None:
         now = time.time()
         for i, handle in enumerate(self._gpus):
-            self.samples.append({"t": now, "elapsed_s": now - self.t0, "device": f"cuda:{i}",
-                                 **gpu_reading(handle)})
+            self.samples.append(
+                {"t": now, "elapsed_s": now - self.t0, "device": f"cuda:{i}", **gpu_reading(handle)}
+            )
         if self._proc is not None:
-            self.samples.append({"t": now, "elapsed_s": now - self.t0, "device": "host",
-                                 **host_reading(self._proc)})
+            self.samples.append(
+                {"t": now, "elapsed_s": now - self.t0, "device": "host", **host_reading(self._proc)}
+            )
 
     def energy_kwh(self) -> float | None:
         """Energy used by the GPUs between the first and last reading (NVML counter), or None."""
@@ -146,5 +148,8 @@ def host_reading(proc: Any) -> dict[str, Any]:
         "util_percent": psutil.cpu_percent(None),
         "mem_used_bytes": proc.memory_info().rss,
         "mem_total_bytes": psutil.virtual_memory().total,
-        "power_w": None, "temperature_c": None, "sm_clock_mhz": None, "energy_mj": None,
+        "power_w": None,
+        "temperature_c": None,
+        "sm_clock_mhz": None,
+        "energy_mj": None,
     }

@@ -32,9 +32,13 @@ class DeviceClass:
 
 # Public spec-sheet figures, matched by substring of the device name (first match wins).
 GPU_CLASSES: list[tuple[str, DeviceClass]] = [
-    ("H200", DeviceClass(989, 4.8)), ("H100", DeviceClass(989, 3.35)),
-    ("A100", DeviceClass(312, 1.9)), ("L40S", DeviceClass(362, 0.86)),
-    ("A10G", DeviceClass(70, 0.6)), ("L4", DeviceClass(121, 0.3)), ("T4", DeviceClass(65, 0.32)),
+    ("H200", DeviceClass(989, 4.8)),
+    ("H100", DeviceClass(989, 3.35)),
+    ("A100", DeviceClass(312, 1.9)),
+    ("L40S", DeviceClass(362, 0.86)),
+    ("A10G", DeviceClass(70, 0.6)),
+    ("L4", DeviceClass(121, 0.3)),
+    ("T4", DeviceClass(65, 0.32)),
 ]
 UNKNOWN_GPU = DeviceClass(100, 1.0)
 CPU_CORE = DeviceClass(0.05, 0.01)  # ~50 GFLOP/s fp32 and ~10 GB/s per core
@@ -53,16 +57,25 @@ class StepModel:
     decode_token_s: float | None = None  # seconds per decoding sequence per step (None: token_s)
     context_token_s: float = 0.0  # seconds per context token a decoding sequence attends to
 
-    def forward_seconds(self, computed_prompt_tokens: int, completions: list[int],
-                        max_num_seqs: int, prompts: list[int] | None = None) -> float:
+    def forward_seconds(
+        self,
+        computed_prompt_tokens: int,
+        completions: list[int],
+        max_num_seqs: int,
+        prompts: list[int] | None = None,
+    ) -> float:
         """`completions[i]` new tokens after `prompts[i]` prompt tokens, for each unique row."""
         total = sum(completions)
         together = max(1, min(max_num_seqs, len(completions)))
         steps = max(total / together, max(completions, default=0))
         per_decode = self.token_s if self.decode_token_s is None else self.decode_token_s
         context = sum(c * (p + c / 2) for p, c in zip(prompts or [], completions, strict=False))
-        return (steps * self.step_s + computed_prompt_tokens * self.token_s + total * per_decode
-                + context * self.context_token_s)
+        return (
+            steps * self.step_s
+            + computed_prompt_tokens * self.token_s
+            + total * per_decode
+            + context * self.context_token_s
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,25 +87,32 @@ def device_class(device: DeviceInfo) -> DeviceClass:
     return next((c for k, c in GPU_CLASSES if k.lower() in device.name.lower()), UNKNOWN_GPU)
 
 
-def roofline_model(device: DeviceInfo, num_params: int, bytes_per_param: int,
-                   kv_bytes_per_token: int = 0) -> StepModel:
+def roofline_model(
+    device: DeviceInfo, num_params: int, bytes_per_param: int, kv_bytes_per_token: int = 0
+) -> StepModel:
     """The default: spec-sheet peaks at assumed efficiencies (not measured on this machine)."""
     c, kind = device_class(device), device.kind
     n = device.count  # CPU: cores; GPU: tensor-parallel devices
     flops = c.tflops * 1e12 * n * MFU[kind]
     bw = c.tb_per_s * 1e12 * n * BW_EFF[kind]
     weights = num_params * bytes_per_param
-    return StepModel(step_s=weights / bw + STEP_OVERHEAD_S[kind], token_s=2 * num_params / flops,
-                     load_s=weights / (LOAD_GB_PER_S * 1e9) + 2.0,
-                     context_token_s=kv_bytes_per_token / bw,
-                     source=(f"roofline default for {n} x {device.name} (not measured: assumed"
-                             f" {MFU[kind]:.0%} of {c.tflops:g} TFLOP/s and {BW_EFF[kind]:.0%} of"
-                             f" {c.tb_per_s:g} TB/s per {'core' if kind == 'cpu' else 'GPU'};"
-                             " use --calibrate N to measure)"))
+    return StepModel(
+        step_s=weights / bw + STEP_OVERHEAD_S[kind],
+        token_s=2 * num_params / flops,
+        load_s=weights / (LOAD_GB_PER_S * 1e9) + 2.0,
+        context_token_s=kv_bytes_per_token / bw,
+        source=(
+            f"roofline default for {n} x {device.name} (not measured: assumed"
+            f" {MFU[kind]:.0%} of {c.tflops:g} TFLOP/s and {BW_EFF[kind]:.0%} of"
+            f" {c.tb_per_s:g} TB/s per {'core' if kind == 'cpu' else 'GPU'};"
+            " use --calibrate N to measure)"
+        ),
+    )
 
 
-def fit_step_model(steps: list[dict[str, Any]], load_s: float, rows: int,
-                   block_size: int = 16) -> StepModel:
+def fit_step_model(
+    steps: list[dict[str, Any]], load_s: float, rows: int, block_size: int = 16
+) -> StepModel:
     """Non-negative least squares of step_seconds on (1, prefill tokens, decode tokens, context).
 
     Context is the KV cache in use during a decode step (blocks x block_size), which is what
@@ -103,16 +123,27 @@ def fit_step_model(steps: list[dict[str, Any]], load_s: float, rows: int,
         raise ValueError("the calibration run logged no engine steps")
     split = all(s.get("prefill_tokens") is not None for s in timed)
     if split:  # the paged engine
-        pts = [(1.0, float(s["prefill_tokens"]), float(s["decode_tokens"] or 0),
+        pts = [
+            (
+                1.0,
+                float(s["prefill_tokens"]),
+                float(s["decode_tokens"] or 0),
                 float((s.get("kv_blocks_used") or 0) * block_size) if s["decode_tokens"] else 0.0,
-                float(s["step_seconds"])) for s in timed]
+                float(s["step_seconds"]),
+            )
+            for s in timed
+        ]
     else:  # no prefill/decode split (the static engine): a step is a batch, tokens only
         pts = [(1.0, float(s["batch_tokens"]), 0.0, 0.0, float(s["step_seconds"])) for s in timed]
     a, b, c, d = nnls(pts)
-    return StepModel(step_s=a, token_s=b, load_s=load_s, decode_token_s=c if split else None,
-                     context_token_s=d,
-                     source=f"calibrated: {rows} sampled rows, {len(pts)} engine steps measured"
-                            " on this machine")
+    return StepModel(
+        step_s=a,
+        token_s=b,
+        load_s=load_s,
+        decode_token_s=c if split else None,
+        context_token_s=d,
+        source=f"calibrated: {rows} sampled rows, {len(pts)} engine steps measured on this machine",
+    )
 
 
 def nnls(pts: list[tuple[float, ...]]) -> tuple[float, ...]:

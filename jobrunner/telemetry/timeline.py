@@ -13,17 +13,40 @@ from typing import Any
 DEVICE_FILE = "device.parquet"
 STEPS_FILE = "steps.parquet"
 
-DEVICE_COLUMNS = ["run", "t", "elapsed_s", "device", "util_percent", "mem_used_bytes",
-                  "mem_total_bytes", "power_w", "temperature_c", "sm_clock_mhz", "energy_mj"]
-STEP_COLUMNS = ["run", "t", "num_running", "num_waiting", "batch_tokens", "prefill_tokens",
-                "decode_tokens", "kv_blocks_used", "step_seconds", "preemptions"]
+DEVICE_COLUMNS = [
+    "run",
+    "t",
+    "elapsed_s",
+    "device",
+    "util_percent",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "power_w",
+    "temperature_c",
+    "sm_clock_mhz",
+    "energy_mj",
+]
+STEP_COLUMNS = [
+    "run",
+    "t",
+    "num_running",
+    "num_waiting",
+    "batch_tokens",
+    "prefill_tokens",
+    "decode_tokens",
+    "kv_blocks_used",
+    "step_seconds",
+    "preemptions",
+]
 
 
 def telemetry_dir(run_path: str | Path) -> Path:
     return Path(run_path) / "telemetry"
 
 
-def append_timeline(path: Path, records: list[dict[str, Any]], columns: list[str], run: int) -> None:
+def append_timeline(
+    path: Path, records: list[dict[str, Any]], columns: list[str], run: int
+) -> None:
     """Append `records` (tagged with `run`) to the Parquet file at `path`."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -74,7 +74,9 @@ class PagedCausalLM:
         self.scale = self.head_dim**-0.5
         self.cos, self.sin = self._rope_table(hf_model, max_model_len)  # (max_len, hd)
         self.rope_kernel = cpu_kernels.rope_supported(self.cos.dtype, self.cos.device)
-        self.qkv = [_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
+        self.qkv = [
+            _fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)
+        ]
         self.gate_up = [_fuse([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
         on_cpu = next(hf_model.parameters()).device.type == "cpu"
         self.mlp_tile = CPU_MLP_TILE if on_cpu else None
@@ -183,4 +185,3 @@ def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor, linear=F
     if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
         return None
     return linear(x, fused[1], fused[2])
-

@@ -19,8 +19,16 @@ from jobrunner.engine.quant.base import (
     weight_bytes,
 )
 
-__all__ = ["QUANTIZERS", "QuantSummary", "Quantizer", "apply_quantization", "get_quantizer",
-           "linear_names", "quantize_model", "weight_bytes"]
+__all__ = [
+    "QUANTIZERS",
+    "QuantSummary",
+    "Quantizer",
+    "apply_quantization",
+    "get_quantizer",
+    "linear_names",
+    "quantize_model",
+    "weight_bytes",
+]
 
 
 def check_quantization(cfg: Any, device: Any, dtype: Any) -> Quantizer:

@@ -18,8 +18,10 @@ def prepare_weights(loaded: Any, cfg: Any) -> dict[str, Any]:
     m = cfg.model
     check_quantization(m, loaded.device, loaded.dtype)
     if m.kv_cache_dtype != "auto" and cfg.engine.kind == "static":
-        raise ConfigError(f"model.kv_cache_dtype: a {m.kv_cache_dtype} KV cache needs the paged"
-                          " engine (engine.kind: paged); the static engine keeps HF's cache")
+        raise ConfigError(
+            f"model.kv_cache_dtype: a {m.kv_cache_dtype} KV cache needs the paged"
+            " engine (engine.kind: paged); the static engine keeps HF's cache"
+        )
     record: dict[str, Any] = {"kv_cache_dtype": m.kv_cache_dtype}
     if (m.quantization != "none" or m.kv_cache_dtype != "auto") and m.quality_check:
         quality = run_quality_check(loaded, cfg, lambda: apply_quantization(loaded, m))
@@ -32,5 +34,7 @@ def prepare_weights(loaded: Any, cfg: Any) -> dict[str, Any]:
 def check_engine(engine: Any, cfg: Any) -> None:
     """The paged engine may fall back to static; a KV cache in another format cannot follow it."""
     if cfg.model.kv_cache_dtype != "auto" and engine.kind != "paged":
-        raise ConfigError(f"model.kv_cache_dtype: {cfg.model.kv_cache_dtype} needs the paged"
-                          f" engine, which cannot run this model ({'; '.join(engine.stats.notes)})")
+        raise ConfigError(
+            f"model.kv_cache_dtype: {cfg.model.kv_cache_dtype} needs the paged"
+            f" engine, which cannot run this model ({'; '.join(engine.stats.notes)})"
+        )

@@ -41,7 +41,9 @@ class Quantizer:
     def linear(self, state: dict[str, torch.Tensor], bias: torch.Tensor | None) -> nn.Module:
         raise NotImplementedError
 
-    def embedding(self, weight: torch.Tensor, state: dict[str, torch.Tensor] | None) -> nn.Module | None:
+    def embedding(
+        self, weight: torch.Tensor, state: dict[str, torch.Tensor] | None
+    ) -> nn.Module | None:
         return None
 
 
@@ -73,8 +75,12 @@ class QuantSummary:
     weight_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"quantization": self.quantization, "weight_bytes": self.weight_bytes,
-                "num_quantized_layers": len(self.quantized), "keep_in_16bit": self.kept_16bit}
+        return {
+            "quantization": self.quantization,
+            "weight_bytes": self.weight_bytes,
+            "num_quantized_layers": len(self.quantized),
+            "keep_in_16bit": self.kept_16bit,
+        }
 
 
 def linear_names(model: nn.Module) -> list[str]:

@@ -30,8 +30,9 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = to_fp8_rows(flat(x))  # (M, K), (M, 1)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale,
-                             out_dtype=x.dtype).view(*x.shape[:-1], -1)  # (..., N)
+        y = torch._scaled_mm(
+            xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=x.dtype
+        ).view(*x.shape[:-1], -1)  # (..., N)
         return y if self.bias is None else y + self.bias
 
 
@@ -53,16 +54,22 @@ class Fp8Quantizer(Quantizer):
 
     def check(self, device, dtype) -> None:
         if device.type != "cuda":
-            raise ConfigError(f"model.quantization: fp8 needs a CUDA GPU with fp8 support (Hopper"
-                              f" or newer); this run is on {device}. Use int8 or int4 here.")
+            raise ConfigError(
+                f"model.quantization: fp8 needs a CUDA GPU with fp8 support (Hopper"
+                f" or newer); this run is on {device}. Use int8 or int4 here."
+            )
         cap = torch.cuda.get_device_capability(device)
         if cap < (8, 9):
             name = torch.cuda.get_device_name(device)
-            raise ConfigError(f"model.quantization: fp8 needs compute capability 8.9+ (Ada,"
-                              f" Hopper or newer); {name} is {cap[0]}.{cap[1]}. Use int8.")
+            raise ConfigError(
+                f"model.quantization: fp8 needs compute capability 8.9+ (Ada,"
+                f" Hopper or newer); {name} is {cap[0]}.{cap[1]}. Use int8."
+            )
         if dtype != torch.bfloat16:
-            raise ConfigError("model.quantization: fp8 computes in bfloat16; set model.dtype:"
-                              f" bfloat16 or auto (got {str(dtype).removeprefix('torch.')})")
+            raise ConfigError(
+                "model.quantization: fp8 computes in bfloat16; set model.dtype:"
+                f" bfloat16 or auto (got {str(dtype).removeprefix('torch.')})"
+            )
 
     def supports(self, weight: torch.Tensor) -> str | None:
         n, k = weight.shape

@@ -73,7 +73,9 @@ class Int4Quantizer(Quantizer):
 
     def supports(self, weight: torch.Tensor) -> str | None:
         k = weight.shape[-1]
-        return None if k % self.group == 0 else f"{k} input channels, not a multiple of {self.group}"
+        return (
+            None if k % self.group == 0 else f"{k} input channels, not a multiple of {self.group}"
+        )
 
     def quantize_weight(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         q, scale, zero = quantize_groups(weight, self.group)

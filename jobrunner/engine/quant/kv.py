@@ -73,5 +73,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: s
 
 def allocate(num_layers: int, shape: tuple[int, ...], fmt: str, dtype, device) -> list:
     f = KV_FORMATS[fmt]
-    return [(QuantizedKV(f, shape, dtype, device), QuantizedKV(f, shape, dtype, device))
-            for _ in range(num_layers)]
+    return [
+        (QuantizedKV(f, shape, dtype, device), QuantizedKV(f, shape, dtype, device))
+        for _ in range(num_layers)
+    ]

@@ -57,7 +57,9 @@ def greedy_requests(reqs: list[Request], k: int) -> list[Request]:
     return [dataclasses.replace(r, sampling=params) for r in reqs]
 
 
-def generate_tokens(loaded: Any, cfg: Any, reqs: list[Request], kv_cache_dtype: str) -> dict[str, list[int]]:
+def generate_tokens(
+    loaded: Any, cfg: Any, reqs: list[Request], kv_cache_dtype: str
+) -> dict[str, list[int]]:
     """Completion tokens per request id, from the job's engine kind with a small KV cache."""
     from jobrunner.engine.base import make_engine
 
@@ -93,7 +95,11 @@ def nll_and_top1(model: Any, prompts: list[list[int]], refs: list[list[int]]):
     nll, top1 = [], []
     for i, (p, r) in enumerate(zip(prompts, refs, strict=True)):
         rows = logits[i, len(p) - 1 : len(p) - 1 + len(r)].float()  # (n, V)
-        nll.append(F.cross_entropy(rows, torch.tensor(r, dtype=torch.long, device=device), reduction="none").cpu())
+        nll.append(
+            F.cross_entropy(
+                rows, torch.tensor(r, dtype=torch.long, device=device), reduction="none"
+            ).cpu()
+        )
         top1.append(rows.argmax(-1).cpu())
     return torch.cat(nll), torch.cat(top1)
 
@@ -121,10 +127,28 @@ def run_quality_check(loaded: Any, cfg: Any, quantize) -> Quality:
     target = torch.tensor([t for r in refs for t in r], dtype=torch.long)
     n = len(target)
     ppl_ref, ppl_q = math.exp(float(nll_ref.mean())), math.exp(float(nll_q.mean()))
-    q = Quality(len(reqs), n, k, _share(top1_q, target), _share(top1_ref, target), exact_prefix(refs, [got[r.id] for r in reqs], k), ppl_ref, ppl_q, ppl_q / ppl_ref - 1)
-    log.info("quality check, %d rows x %d tokens: agreement %.3f, exact prefix %.3f, perplexity"
-             " %.3f -> %.3f (%+.1f%%)", q.rows, k, q.agreement, q.exact_prefix, q.ppl_reference,
-             q.ppl_quantized, 100 * q.ppl_change)
+    q = Quality(
+        len(reqs),
+        n,
+        k,
+        _share(top1_q, target),
+        _share(top1_ref, target),
+        exact_prefix(refs, [got[r.id] for r in reqs], k),
+        ppl_ref,
+        ppl_q,
+        ppl_q / ppl_ref - 1,
+    )
+    log.info(
+        "quality check, %d rows x %d tokens: agreement %.3f, exact prefix %.3f, perplexity"
+        " %.3f -> %.3f (%+.1f%%)",
+        q.rows,
+        k,
+        q.agreement,
+        q.exact_prefix,
+        q.ppl_reference,
+        q.ppl_quantized,
+        100 * q.ppl_change,
+    )
     return q
 
 
