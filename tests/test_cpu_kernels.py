@@ -259,3 +259,23 @@ def test_silu_mul_matches_torch_without_overflow(n):
     want = torch.nn.functional.silu(gate) * up
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_float16_cache_saturates_instead_of_storing_inf(native):
+    """A float32 model's K/V beyond float16's range land as +-65504 (finite), on the native copy
+    and on the torch write alike; in range they are plainly rounded to float16."""
+    from jobrunner.engine.paged.attention import _write
+
+    if native and cpu_kernels.load() is None:
+        pytest.skip("no C compiler")
+    k = torch.tensor([[[1e6, -1e6, 1.5, 70000.0]]])  # (T=1, nkv=1, hd=4)
+    caches = [torch.zeros(1, 2, 2, 4, dtype=torch.float16) for _ in range(2)]
+    slots = torch.tensor([3])
+    if native:
+        cpu_kernels.write_kv_(*caches, slots, k, k)
+    else:
+        for c in caches:
+            _write(c, slots, k)
+    for c in caches:
+        assert c.view(-1, 4)[3].tolist() == [65504.0, -65504.0, 1.5, 65504.0]

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from jobrunner.engine.paged import cpu_kernels
+from jobrunner.engine.paged.kv_cache import to_cache_dtype
 
 
 @dataclass
@@ -91,7 +92,9 @@ def _write(cache, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
     if not isinstance(cache, torch.Tensor):
         return cache.write(slot_mapping, x)
     nkv, _, _, hd = cache.shape
-    cache.view(nkv, -1, hd).index_copy_(1, slot_mapping, x.transpose(0, 1).to(cache.dtype))
+    cache.view(nkv, -1, hd).index_copy_(
+        1, slot_mapping, to_cache_dtype(x, cache.dtype).transpose(0, 1)
+    )
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from jobrunner.engine.paged.kv_cache import to_cache_dtype
 from jobrunner.engine.resolve import cache_dir
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def write_kv_(
     would, ~80 us a layer for a 52-row step in torch); fp8 ones quantize in torch."""
     if not isinstance(k_cache, torch.Tensor):
         return _write_quantized(k_cache, v_cache, slots, k, v)
-    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+    k, v = to_cache_dtype(k, k_cache.dtype), to_cache_dtype(v, v_cache.dtype)
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("write_kv_: K/V rows must have head_dim contiguous")
     nkv, num_blocks, bs, hd = k_cache.shape
