@@ -212,8 +212,8 @@ def test_write_kv_puts_strided_rows_into_their_slots(dtype):
 @needs_kernels
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_write_kv_quantizes_into_the_same_codes_and_scales_as_torch(fmt):
-    """The native int8 write (and the torch fallback fp8 takes) fill exactly the codes and
-    scales QuantizedKV.write does, for strided rows of a fused projection, decode and prefill."""
+    """The native 8-bit write fills exactly the codes and scales QuantizedKV.write does, for
+    strided rows of a fused projection, decode and prefill."""
     from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
 
     g = torch.Generator().manual_seed(4)
@@ -279,3 +279,30 @@ def test_a_float16_cache_saturates_instead_of_storing_inf(native):
             _write(c, slots, k)
     for c in caches:
         assert c.view(-1, 4)[3].tolist() == [65504.0, -65504.0, 1.5, 65504.0]
+
+
+@needs_kernels
+def test_fp8_write_rounds_every_code_and_tie_as_torch_does():
+    """Rows whose absmax is 448 have scale 1, so each value is converted as given: every e4m3
+    value, every midpoint between neighbours (ties go to the even code), and the floats just
+    either side of each midpoint, subnormals included, with both signs."""
+    from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
+
+    codes = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    mids = (codes[:-1] + codes[1:]) / 2
+    up, down = torch.tensor(float("inf")), torch.tensor(0.0)
+    vals = torch.cat([codes, mids, torch.nextafter(mids, up), torch.nextafter(mids, down)])
+    vals = torch.cat([vals, -vals])
+    per_row = 63
+    vals = torch.cat([vals, vals.new_zeros(-len(vals) % per_row)]).view(-1, per_row)
+    rows = torch.cat([vals, vals.new_full((len(vals), 1), 448.0)], dim=1)  # (R, 64)
+    x = rows.view(-1, 1, 64)  # (T, nkv=1, hd=64)
+    slots = torch.arange(len(rows))
+    shape = (1, -(-len(rows) // 16), 16, 64)
+    ours = [QuantizedKV(KV_FORMATS["fp8"], shape, torch.float32, "cpu") for _ in range(2)]
+    ref = QuantizedKV(KV_FORMATS["fp8"], shape, torch.float32, "cpu")
+    cpu_kernels.write_kv_(*ours, slots, x, x)
+    ref.write(slots, x)
+    assert torch.equal(ours[0].scales, ref.scales)
+    bad = (ours[0].codes != ref.codes).nonzero()
+    assert not len(bad), [rows[b * 16 + p, d].item() for _, b, p, d in bad[:5].tolist()]

@@ -50,8 +50,8 @@ def load() -> ctypes.CDLL | None:
     lib.paged_decode.argtypes += [_i64] * 6 + [ctypes.c_float, _ptr, ctypes.c_int]
     lib.kv_write.restype = None
     lib.kv_write.argtypes = [_ptr] * 5 + [_i64] * 9 + [ctypes.c_int]
-    lib.kv_write_int8.restype = ctypes.c_int
-    lib.kv_write_int8.argtypes = [_ptr] * 7 + [_i64] * 8 + [ctypes.c_int]
+    lib.kv_write_q8.restype = ctypes.c_int
+    lib.kv_write_q8.argtypes = [_ptr] * 7 + [_i64] * 8 + [ctypes.c_int] * 2
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
     lib.rms_norm.restype = None
@@ -164,8 +164,8 @@ def write_kv_(
 ) -> None:
     """Copies each token's K and V rows into its slot (index_copy_ takes ~130 us a layer for a
     47-row decode step; this takes a few). Rows of another dtype (a float32 model over a 16-bit
-    cache) are converted first. An int8 cache quantizes in the same pass (as its torch write
-    would, ~80 us a layer for a 52-row step in torch); fp8 ones quantize in torch."""
+    cache) are converted first. An 8-bit cache quantizes in the same pass, byte for byte as its
+    torch write would (which takes ~80 us a layer for a 52-row step)."""
     if not isinstance(k_cache, torch.Tensor):
         return _write_quantized(k_cache, v_cache, slots, k, v)
     k, v = to_cache_dtype(k, k_cache.dtype), to_cache_dtype(v, v_cache.dtype)
@@ -182,14 +182,14 @@ def write_kv_(
 
 def _write_quantized(k_cache, v_cache, slots, k, v) -> None:
     k, v = k.to(torch.float32), v.to(torch.float32)
-    if k_cache.fmt.name == "int8" and k.stride(-1) == 1 and v.stride(-1) == 1:
+    if k_cache.fmt.name in QUANTIZED and k.stride(-1) == 1 and v.stride(-1) == 1:
         nkv, num_blocks, bs, hd = k_cache.shape
         slots = slots.to(torch.int64).contiguous()
-        failed = load().kv_write_int8(
+        failed = load().kv_write_q8(
             k_cache.codes.data_ptr(), k_cache.scales.data_ptr(), v_cache.codes.data_ptr(),
             v_cache.scales.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
             k.shape[0], nkv, hd, num_blocks * bs, k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), torch.get_num_threads(),
+            v.stride(1), int(k_cache.fmt.name == "fp8"), torch.get_num_threads(),
         )  # fmt: skip
         if not failed:
             return
