@@ -79,6 +79,7 @@ def test_too_long_policy(tokenizer):
     c.model.max_model_len = 64
     (err,) = Preparer(c, tokenizer).prepare_batch([raw(long)])
     assert err.code == "too_long" and "on_too_long" in err.message
+    assert "model.max_model_len 64" in err.message  # the setting to raise, by its full name
     c.input.on_too_long = "truncate_left"
     (req,) = Preparer(c, tokenizer).prepare_batch([raw(long)])
     assert req.num_prompt_tokens == 63 and req.sampling.max_new_tokens == 1

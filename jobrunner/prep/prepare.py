@@ -152,8 +152,9 @@ class Preparer:
                 return RowError(
                     "too_long",
                     f"{raw.source}: the prompt has {len(ids)} tokens;"
-                    f" max_model_len {limit + 1} leaves no room to generate (set"
-                    " input.on_too_long to truncate_left or truncate_right to cut it)",
+                    f" model.max_model_len {limit + 1} leaves no room to generate (raise it,"
+                    " up to the model's own context length, or set input.on_too_long to"
+                    " truncate_left or truncate_right to cut the prompt)",
                     raw.source,
                     row_id,
                     self.cfg.input.prompt.column,
