@@ -23,7 +23,7 @@ import torch
 
 from jobrunner.engine.base import Engine, register
 from jobrunner.engine.paged.detok import Detokenizer, FinishedRow, make_result
-from jobrunner.engine.paged.kv_cache import allocate_kv_cache, kv_bytes_per_token, plan_num_blocks
+from jobrunner.engine.paged.kv_cache import kv_cache_for
 from jobrunner.engine.paged.model import PagedCausalLM, unsupported_reason
 from jobrunner.engine.paged.runner import ModelRunner
 from jobrunner.sched import BlockManager, ScheduledBatch, Scheduler, Sequence
@@ -58,7 +58,7 @@ class PagedEngine(Engine):
             torch.set_num_threads(e.num_threads)
         self.max_model_len = min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
         self.model = PagedCausalLM(loaded.model, self.max_model_len)
-        self.kv = self._allocate_kv()
+        self.kv = kv_cache_for(self.model, cfg, loaded.dtype, loaded.device, self.max_model_len)
         self.block_manager = BlockManager(self.kv.num_blocks, e.block_size, e.prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -76,30 +76,6 @@ class PagedEngine(Engine):
         self._clean_steps = 0
         self._grow_after = GROW_BACK_STEPS
         self._live: dict[int, Sequence] = {}
-
-    def _allocate_kv(self):
-        m, e = self.model, self.cfg.engine
-        n_layers, dtype = len(m.layers), self.loaded.dtype
-        kv_format = self.cfg.model.kv_cache_dtype  # auto: the model dtype; int8 | fp8: quantized
-        per_token = kv_bytes_per_token(n_layers, m.num_kv_heads, m.head_dim, dtype, kv_format)
-        num_blocks = plan_num_blocks(
-            per_token,
-            e.block_size,
-            self.loaded.device,
-            e.memory_fraction,
-            e.kv_cache_bytes,
-            max_useful_tokens=e.max_num_seqs * self.max_model_len,
-        )
-        return allocate_kv_cache(
-            n_layers,
-            m.num_kv_heads,
-            m.head_dim,
-            num_blocks,
-            e.block_size,
-            dtype,
-            self.loaded.device,
-            kv_format,
-        )
 
     # ------------------------------------------------------------------ the loop
 

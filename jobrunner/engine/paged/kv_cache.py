@@ -118,3 +118,27 @@ def allocate_kv_cache(
         num_blocks * block_size * per_token / 2**30,
     )
     return KVCache(layers, num_blocks, block_size, per_token)
+
+
+def kv_cache_for(model, cfg, dtype: torch.dtype, device: torch.device, max_model_len: int):
+    """The cache a job asks for (model.kv_cache_dtype, engine.*) for a PagedCausalLM's layers."""
+    e, n_layers, kv_format = cfg.engine, len(model.layers), cfg.model.kv_cache_dtype
+    per_token = kv_bytes_per_token(n_layers, model.num_kv_heads, model.head_dim, dtype, kv_format)
+    num_blocks = plan_num_blocks(
+        per_token,
+        e.block_size,
+        device,
+        e.memory_fraction,
+        e.kv_cache_bytes,
+        max_useful_tokens=e.max_num_seqs * max_model_len,
+    )
+    return allocate_kv_cache(
+        n_layers,
+        model.num_kv_heads,
+        model.head_dim,
+        num_blocks,
+        e.block_size,
+        dtype,
+        device,
+        kv_format,
+    )
