@@ -299,7 +299,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
     case (G) * 16 + (C): item_avx512(J, r, h, G, C); return 1;
 
 /* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
-static int item_fast(const Job *J, int64_t r, int64_t h, float *scores) {
+static int item_fast(const Job *J, int64_t r, int64_t h) {
     const int64_t g = J->nh / J->nkv;
     switch (g * 16 + J->hd / 16 * (J->hd % 16 == 0)) {
         ITEM_CASE(1, 4) ITEM_CASE(2, 4) ITEM_CASE(3, 4) ITEM_CASE(4, 4)
@@ -310,11 +310,14 @@ static int item_fast(const Job *J, int64_t r, int64_t h, float *scores) {
     return 0;
 }
 #else
-static int item_fast(const Job *J, int64_t r, int64_t h, float *scores) { return 0; }
+static int item_fast(const Job *J, int64_t r, int64_t h) {
+    (void)J, (void)r, (void)h;
+    return 0;
+}
 #endif
 
 static void one_item(const Job *J, int64_t item, float *scores, float *row) {
-    if (item_fast(J, item / J->nkv, item % J->nkv, scores)) return;
+    if (item_fast(J, item / J->nkv, item % J->nkv)) return;
     const int64_t r = item / J->nkv, h = item % J->nkv;
     const int64_t g = J->nh / J->nkv, hd = J->hd, L = J->ctx_lens[r];
     const float *q = J->q + (r * J->nh + h * g) * hd;   /* g query heads, contiguous */
