@@ -1,7 +1,8 @@
 """int4 weights, group-wise (asymmetric min/max per group of `group_size` input channels).
 
 Linear layers run on PyTorch's own CPU kernel (`torch._weight_int4pack_mm_for_cpu`) with its
-packed layout. That layout is opaque (blocked for AVX-512), so the input embedding keeps its
+packed layout; a float32 model's rows enter it rounded to bfloat16 (its float32 path is ~60x
+slower). That layout is opaque (blocked for AVX-512), so the input embedding keeps its
 own plain nibble-packed copy and we gather + unpack rows by hand: no PyTorch op does a 4-bit
 embedding lookup outside the deprecated torch.ao path. Only CPU: the CUDA kernel needs a
 different packing we cannot test here, so CUDA asks for int8 or fp8 (ConfigError).
@@ -33,11 +34,18 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.register_buffer("packed", packed)  # (N, K/2) uint8, the kernel's own layout
         self.register_buffer("scales_zeros", scales_zeros)  # (K/group, N, 2)
+        self.register_buffer("sz_bf16", scales_zeros.to(torch.bfloat16), persistent=False)
         self.group = group
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(flat(x), self.packed, self.group, self.scales_zeros)
+        x2 = flat(x)
+        if x2.dtype == torch.float32:  # the kernel's float32 path is ~60x slower than bfloat16's
+            y = torch._weight_int4pack_mm_for_cpu(
+                x2.to(torch.bfloat16), self.packed, self.group, self.sz_bf16
+            ).float()
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self.scales_zeros)
         y = y.view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 

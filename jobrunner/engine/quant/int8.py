@@ -2,7 +2,9 @@
 
 CPU: `torch._weight_int8pack_mm` for up to WEIGHT_ONLY_MAX_ROWS token rows (decode steps),
 where it beats bf16 by 1.3-2.5x on this host; past that it falls behind bf16, so larger steps
-(prefill) dequantize the weight into the GEMM: the same values, so the same outputs.
+(prefill) dequantize the weight into the GEMM: the same values, so the same outputs. A float32
+model's rows enter that kernel rounded to bfloat16 (its float32 path is 20-30x slower), so on
+CPUs where float32 is the fast dtype int8 weights save memory, not time.
 Dynamic int8 activations (`torch._int_mm` on VNNI) were measured too: 3-4x faster than bf16
 for prefill-sized steps, but SmolLM2's activation outliers make per-token int8 activations
 lose greedy agreement badly (0/16 tokens on some prompts), so they are not used.
@@ -19,6 +21,10 @@ from torch import nn
 from jobrunner.engine.quant.base import Quantizer, flat, register
 
 WEIGHT_ONLY_MAX_ROWS = 32  # the int8 kernel's break-even against bf16 on this host
+# float32 activations: the kernel has no fast float32 path (16 rows x SmolLM2's lm_head: 236 ms,
+# against 8 ms with the rows rounded to bfloat16), so they go in as bfloat16 up to this many
+# rows, where that still beats dequantizing the weight into a float32 GEMM (2 cores, no AMX)
+FLOAT32_VIA_BF16_MAX_ROWS = 64
 
 
 def quantize_rows(w: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,6 +38,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.register_buffer("qweight", qweight)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,) in the compute dtype
+        self.register_buffer("scale_bf16", scale.to(torch.bfloat16), persistent=False)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,8 +46,12 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:  # (M, K) -> (M, N)
-        if self.qweight.device.type == "cpu" and x.shape[0] <= WEIGHT_ONLY_MAX_ROWS:
-            return torch._weight_int8pack_mm(x, self.qweight, self.scale)
+        if self.qweight.device.type == "cpu":
+            if x.dtype == torch.float32 and x.shape[0] <= FLOAT32_VIA_BF16_MAX_ROWS:
+                xb = x.to(torch.bfloat16)
+                return torch._weight_int8pack_mm(xb, self.qweight, self.scale_bf16).float()
+            if x.dtype != torch.float32 and x.shape[0] <= WEIGHT_ONLY_MAX_ROWS:
+                return torch._weight_int8pack_mm(x, self.qweight, self.scale)
         return F.linear(x, self.qweight.to(x.dtype)) * self.scale
 
 
