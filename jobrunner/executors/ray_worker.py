@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
 from typing import Any
 
 from jobrunner.config import JobConfig
@@ -26,7 +25,7 @@ from jobrunner.executors.ray_blocks import (
 from jobrunner.io.readers import RawRow
 from jobrunner.io.rundir import RunDir, read_ids
 from jobrunner.io.writers import result_record, write_atomic
-from jobrunner.prep.stream import dedup_key
+from jobrunner.prep.stream import copy_to_followers, dedup_key
 from jobrunner.telemetry.cost import Savings, share_cost
 from jobrunner.telemetry.device import DeviceInfo, cpu_name, detect_device
 from jobrunner.telemetry.prices import hourly_rate
@@ -101,7 +100,7 @@ class BlockWorker:
         self.deduplicated += sum(len(f) for f in followers.values())
         results: list[Result] = []
         for r in self.engine.generate(leaders):
-            results += [r, *_fan_out(r, followers.pop(r.id, []))]
+            results += [r, *copy_to_followers(r, followers.pop(r.id, []))]
         errors += [
             RowError(r.error_code or "error", r.error or "", r.source, r.id)
             for r in results
@@ -182,23 +181,6 @@ def _dedup(reqs: list[Request]) -> tuple[list[Request], dict[str, list[Request]]
             by_key[key] = r
         leaders.append(r)
     return leaders, followers
-
-
-def _fan_out(leader: Result, followers: list[Request]) -> list[Result]:
-    if not followers:
-        return []
-    leader.shared_with = 1 + len(followers)
-    return [
-        replace(
-            leader,
-            id=f.id,
-            source=f.source,
-            columns=f.columns,
-            meta=f.meta,
-            usage=replace(leader.usage),
-        )
-        for f in followers
-    ]
 
 
 def _worker_device(kind: str, cpus: float) -> DeviceInfo:

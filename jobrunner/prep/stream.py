@@ -13,6 +13,7 @@ import hashlib
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from jobrunner.config import JobConfig
@@ -81,22 +82,7 @@ class PrepStream:
         with self._lock:
             key = self._leader_key.pop(leader.id, None)
             followers = self._inflight.pop(key, []) if key else []
-        if not followers:
-            return []
-        from dataclasses import replace
-
-        leader.shared_with = 1 + len(followers)
-        return [
-            replace(
-                leader,
-                id=f.id,
-                source=f.source,
-                columns=f.columns,
-                meta=f.meta,
-                usage=replace(leader.usage),
-            )
-            for f in followers
-        ]
+        return copy_to_followers(leader, followers)
 
     # ---------------------------------------------------------------- worker
 
@@ -148,3 +134,21 @@ class PrepStream:
             self._inflight[key] = []
             self._leader_key[r.id] = key
         return False
+
+
+def copy_to_followers(leader: Result, followers: list[Request]) -> list[Result]:
+    """A leader's result as each duplicate row's own; all of them split its cost."""
+    if not followers:
+        return []
+    leader.shared_with = 1 + len(followers)
+    return [
+        replace(
+            leader,
+            id=f.id,
+            source=f.source,
+            columns=f.columns,
+            meta=f.meta,
+            usage=replace(leader.usage),
+        )
+        for f in followers
+    ]
