@@ -3,7 +3,8 @@
 The token rate counts tokens as the engine samples them (its live counters, read by a ticker
 thread, along with the prompt tokens computed so far), not only those of finished rows: a
 continuous-batching engine works on every row at once, so for the first minute of a job few rows
-have finished while thousands of tokens have been generated. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
+have finished while thousands of tokens have been generated. JOBRUNNER_NO_PROGRESS=1 turns the
+bar off (log lines remain).
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jobrunner.types import Result
+
+if TYPE_CHECKING:
+    from jobrunner.engine.base import EngineStats
 
 log = logging.getLogger("jobrunner.progress")
 
@@ -25,7 +29,7 @@ class Progress:
         self,
         total: int,
         log_every: float = 10.0,
-        live: Any = None,
+        live: EngineStats | None = None,
     ) -> None:
         self.total = max(total, 0)
         self.done = 0
