@@ -14,12 +14,15 @@ class SmallRowLinear:
     """Linear layers for steps of up to MAX_ROWS rows (decode, short prefill chunks) on CPU,
     float32, weights packed once: our AVX-512 kernel (csrc/small_gemm.c) where it builds, else
     oneDNN's prepacked linear. On SmolLM2's layer shapes (2 cores, 30 distinct layers, so the
-    weights come from memory as in a real step), a step of 52 rows takes 46 ms with the kernel,
-    62 ms with oneDNN and about 70 ms with MKL's F.linear; at 256 rows the three are within 5%
-    and beyond that MKL is best, so larger steps keep F.linear.
+    weights come from memory as in a real step, plus the lm_head), a step of 52 rows takes 50 ms
+    with the kernel and 76 ms with MKL's F.linear; 16 rows 27 against 48 ms. The kernel makes
+    about 310 GFLOP/s from 128 to 384 rows against MKL's 244 to 282, 305 against 294 at 512
+    rows and 287 against 305 at 1,024, so larger steps keep F.linear. oneDNN is within 5% of MKL
+    at 256 rows and slower beyond.
     Packed copies are made lazily, one per weight, and live as long as the model."""
 
-    MAX_ROWS = 256
+    MAX_ROWS = 512  # with the kernel; oneDNN's packed path stops at ONEDNN_MAX_ROWS
+    ONEDNN_MAX_ROWS = 256
 
     def __init__(self) -> None:
         self.native = cpu_kernels.gemm_supported()
@@ -40,7 +43,8 @@ class SmallRowLinear:
         )
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if x.shape[0] > self.MAX_ROWS or x.dtype != torch.float32 or x.dim() != 2:
+        limit = self.MAX_ROWS if self.native else self.ONEDNN_MAX_ROWS
+        if x.shape[0] > limit or x.dtype != torch.float32 or x.dim() != 2:
             return F.linear(x, w, b)
         entry = self.packed.get(id(w))
         if entry is None or entry[0] is not w:
