@@ -166,9 +166,13 @@ static inline void span_offsets(const int64_t *table, int64_t bs, int64_t hd, in
     }
 }
 
-/* Blocks are scattered runs of a few KiB that the hardware prefetcher does not follow, so the
- * next 16 tokens' K and V rows are requested while the current ones compute. Inlined on purpose:
- * as a call it overlapped nothing (84 against 67 ms a step, 52 rows of 540 tokens, 30 layers). */
+/* Blocks are scattered runs of a few KiB that the hardware prefetcher does not follow, so K and
+ * V rows are requested a span ahead: the next span's rows while this span's V rows are summed,
+ * and after an item's last span, the first span of the item its thread works on next. Only a
+ * thread's first item fetches within its first span, 16 tokens ahead of the scores. Before, every
+ * span fetched 16 tokens ahead during its score pass only, and memory sat idle through the V
+ * pass: 52 rows of 540 tokens, 30 layers, float32, 2 cores, 85 -> 78 ms a step on 4 KiB pages.
+ * Inlined on purpose: as a call it overlapped nothing (84 against 67 ms a step). */
 static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, const int64_t *off,
                                                                 int64_t n) {
     const int64_t width = elem_bytes(J->dtype), lines = (J->hd * width + 63) / 64;
@@ -218,8 +222,11 @@ static inline __attribute__((always_inline)) void scores16(const Job *J, const f
 /* One (row, kv head) with G query heads and head_dim 16 * C, in one pass over the context, SPAN
  * tokens at a time: their scores, then an online softmax update per head (running max and sum,
  * the output rescaled when the max grows), then the weighted V rows. The outputs stay in acc
- * between spans, in registers while V is read (CB of the C vectors per head at a time). */
+ * between spans, in registers while V is read (CB of the C vectors per head at a time).
+ * `after` is the item this thread takes next (-1: none); `fetched` says whether this item's first
+ * span was requested during the previous one (prefetch_rows). */
 static inline __attribute__((always_inline)) void item_avx512(const Job *J, int64_t r, int64_t h,
+                                                              int64_t after, int fetched,
                                                               const int G, const int C) {
     const int CB = G * C <= 24 ? C : G * 4 <= 24 ? 4 : G * 2 <= 24 ? 2 : 1;
     const int64_t hd = 16 * C, L = J->ctx_lens[r], bs = J->bs;
@@ -240,13 +247,19 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
         const int64_t n = L - t0 < SPAN ? L - t0 : SPAN;
         int64_t *tmp = off;
         off = next, next = tmp;
-        const int64_t nn = L - t0 - SPAN < 0 ? 0 : L - t0 - SPAN < SPAN ? L - t0 - SPAN : SPAN;
+        int64_t nn = L - t0 - SPAN < 0 ? 0 : L - t0 - SPAN < SPAN ? L - t0 - SPAN : SPAN;
         span_offsets(table, bs, hd, head_base, t0 + SPAN, nn, next);
+        if (nn == 0 && after >= 0) { /* the last span: the next item's first one is fetched */
+            const int64_t r2 = after / J->nkv, h2 = after % J->nkv, L2 = J->ctx_lens[r2];
+            nn = L2 < SPAN ? L2 : SPAN;
+            span_offsets(J->tables + r2 * J->table_stride, bs, hd, h2 * J->num_blocks * bs * hd,
+                         0, nn, next);
+        }
         for (int64_t tt = n; tt < ((n + 15) & ~15); tt++) off[tt] = off[0]; /* tail: a real row */
         for (int64_t c0 = 0; c0 < n; c0 += 16) {
-            /* the next 16 tokens' K and V rows are requested while these 16 compute */
-            if (c0 + 16 < n) prefetch_rows(J, off + c0 + 16, n - c0 - 16 < 16 ? n - c0 - 16 : 16);
-            else if (nn > 0) prefetch_rows(J, next, nn < 16 ? nn : 16);
+            /* a thread's first span: the next 16 tokens' rows are requested as these compute */
+            if (t0 == 0 && !fetched && c0 + 16 < n)
+                prefetch_rows(J, off + c0 + 16, n - c0 - 16 < 16 ? n - c0 - 16 : 16);
             scores16(J, q, off + c0, n - c0 < 16 ? n - c0 : 16, kbuf, s + c0, G, C);
         }
         for (int j = 0; j < G; j++) { /* the online softmax update over this span */
@@ -277,6 +290,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
                     a[j][c] = _mm512_mul_ps(_mm512_set1_ps(alpha[j]), prev);
                 }
             for (int64_t tt = 0; tt < n; tt++) {
+                if (cb == 0 && tt < nn) prefetch_rows(J, next + tt, 1); /* the next span */
                 __m512 v[CB];
                 for (int c = 0; c < CB; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * (cb + c));
                 for (int j = 0; j < G; j++) {
@@ -287,6 +301,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
             for (int j = 0; j < G; j++)
                 for (int c = 0; c < CB; c++) _mm512_store_ps(acc + j * hd + 16 * (cb + c), a[j][c]);
         }
+        if (nn > n) prefetch_rows(J, next + n, nn - n); /* a next span longer than this one */
     }
     for (int j = 0; j < G; j++) {
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[j]));
@@ -296,10 +311,10 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
 }
 
 #define ITEM_CASE(G, C) \
-    case (G) * 16 + (C): item_avx512(J, r, h, G, C); return 1;
+    case (G) * 16 + (C): item_avx512(J, r, h, after, fetched, G, C); return 1;
 
 /* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
-static int item_fast(const Job *J, int64_t r, int64_t h) {
+static int item_fast(const Job *J, int64_t r, int64_t h, int64_t after, int fetched) {
     const int64_t g = J->nh / J->nkv;
     switch (g * 16 + J->hd / 16 * (J->hd % 16 == 0)) {
         ITEM_CASE(1, 4) ITEM_CASE(2, 4) ITEM_CASE(3, 4) ITEM_CASE(4, 4)
@@ -310,14 +325,15 @@ static int item_fast(const Job *J, int64_t r, int64_t h) {
     return 0;
 }
 #else
-static int item_fast(const Job *J, int64_t r, int64_t h) {
-    (void)J, (void)r, (void)h;
+static int item_fast(const Job *J, int64_t r, int64_t h, int64_t after, int fetched) {
+    (void)J, (void)r, (void)h, (void)after, (void)fetched;
     return 0;
 }
 #endif
 
-static void one_item(const Job *J, int64_t item, float *scores, float *row) {
-    if (item_fast(J, item / J->nkv, item % J->nkv)) return;
+static void one_item(const Job *J, int64_t item, int64_t after, int fetched, float *scores,
+                     float *row) {
+    if (item_fast(J, item / J->nkv, item % J->nkv, after, fetched)) return;
     const int64_t r = item / J->nkv, h = item % J->nkv;
     const int64_t g = J->nh / J->nkv, hd = J->hd, L = J->ctx_lens[r];
     const float *q = J->q + (r * J->nh + h * g) * hd;   /* g query heads, contiguous */
@@ -342,6 +358,13 @@ static void one_item(const Job *J, int64_t item, float *scores, float *row) {
     }
 }
 
+static inline int64_t claim(int64_t *counter) {
+    int64_t i;
+#pragma omp atomic capture
+    i = (*counter)++;
+    return i;
+}
+
 /* Returns 0 on success. Parallel over (row, kv head) pairs with OpenMP: loaded after torch, the
  * library binds to torch's own libgomp (same soname), so it shares torch's thread pool. */
 int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k_scale,
@@ -355,14 +378,20 @@ int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k
                    hd, num_blocks, bs, max_ctx, scale, out};
     const int64_t g = nh / nkv, items = b * nkv;
     int failed = 0;
+    int64_t counter = 0;
 #pragma omp parallel num_threads(threads < 1 ? 1 : threads) reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * (g * max_ctx + hd));
         if (!scores) failed = 1;
-        /* longest rows first (rows come sorted by length, shortest first): dynamic balances */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < items; i++)
-            if (scores) one_item(&J, items - 1 - i, scores, scores + g * max_ctx);
+        /* longest rows first (rows come sorted by length, shortest first), claimed one at a
+         * time; each thread claims its next item before it works on the current one */
+        int64_t i = claim(&counter), after;
+        for (int fetched = 0; i < items; i = after, fetched = 1) {
+            after = claim(&counter);
+            if (scores)
+                one_item(&J, items - 1 - i, after < items ? items - 1 - after : -1, fetched,
+                         scores, scores + g * max_ctx);
+        }
         free(scores);
     }
     return failed;
