@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from jobrunner.config import JobConfig, ModelConfig
+from jobrunner.engine.paged import cpu_kernels
 from jobrunner.types import FinishReason, Request, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -102,6 +103,9 @@ def assert_matches(results, reference, rows=None):
 
 def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, reference):
     engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
+    m = engine.model  # chunks and prefix hits attend in the cache, in place, where it builds
+    kernel = cpu_kernels.prefill_supported(m.num_heads, m.num_kv_heads, m.head_dim)
+    assert engine.runner.prefill_kernel == kernel
     results = run(engine, requests(prompts))
     assert_matches(results, reference)
     shared = [results[str(i)].usage.cached_tokens for i in range(20, 32)]
@@ -122,12 +126,14 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
 def test_greedy_matches_hf_when_every_chunk_behind_context_splits(
     loaded, prompts, reference, monkeypatch
 ):
-    """Small chunks behind cached context take one masked pass on CPU; force the two-pass split
-    (the path of long chunks) on every one of them."""
+    """Without the prefill kernel, small chunks behind cached context take one masked pass on
+    CPU; force the two-pass split (the path of long chunks) on every one of them."""
     from jobrunner.engine.paged import runner
 
     monkeypatch.setattr(runner, "SPLIT_PREFILL_SCORES", 0)
+    monkeypatch.setattr(cpu_kernels, "prefill_supported", lambda *a: False)
     engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
+    assert engine.runner.decode_kernel and not engine.runner.prefill_kernel
     rows = list(range(1, 32, 2))
     results = run(engine, requests([prompts[i] for i in rows]))
     assert_matches({str(rows[int(k)]): v for k, v in results.items()}, reference, rows)
@@ -136,7 +142,6 @@ def test_greedy_matches_hf_when_every_chunk_behind_context_splits(
 def test_greedy_matches_hf_on_the_torch_path_without_native_kernels(
     loaded, prompts, reference, monkeypatch
 ):
-    from jobrunner.engine.paged import cpu_kernels
 
     monkeypatch.setenv("JOBRUNNER_CPU_KERNELS", "0")
     cpu_kernels.load.cache_clear()
@@ -189,7 +194,6 @@ def test_a_smaller_kv_cache_is_read_by_the_kernel_and_stays_close_to_hf(
 def test_the_real_model_runs_the_one_pass_norm_and_gated_silu(loaded, prompts, monkeypatch):
     """The model's own modules (transformers' SiLUActivation, LlamaRMSNorm) take the native
     one-pass kernels, not the torch fallbacks they are checked against."""
-    from jobrunner.engine.paged import cpu_kernels
     from jobrunner.engine.paged import model as paged_model
 
     calls = {"silu_mul": 0, "rms_norm": 0}

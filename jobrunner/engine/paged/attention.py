@@ -1,14 +1,18 @@
 """Paged attention over a flat slot-indexed KV cache, for batches mixing prefill and decode.
 
 Token rows of a step are laid out as [decode rows, sorted by context length][prefill chunks].
-On CPU, decode rows are attended in place in the paged cache by a native kernel
-(engine/paged/cpu_kernels.py): one group, no padding, no gather. Elsewhere they are attended in
-a few groups, each gathered and padded to its longest context, with the query heads of one KV
-head folded into the query axis (GQA without copying K/V). A prefill chunk
-starting at position 0 attends to its own fresh K/V (causal). A later chunk, or one after a
-prefix-cache hit, gathers the context before it from the cache: on CPU it attends to that and to
-its own keys in two flash passes merged by log-sum-exp, elsewhere to the whole context under an
-offset causal mask.
+
+On CPU, native kernels (engine/paged/cpu_kernels.py) attend in place in the paged cache: decode
+rows in one group with no padding and no gather, and, where the head layout suits the prefill
+kernel, each prefill chunk to its cached context and to its own K/V rows (written just before),
+causal, with no mask.
+
+Elsewhere decode rows are attended in a few groups, each gathered and padded to its longest
+context, with the query heads of one KV head folded into the query axis (GQA without copying
+K/V). A prefill chunk starting at position 0 attends to its own fresh K/V (causal). A later
+chunk, or one after a prefix-cache hit, gathers the context before it from the cache: on CPU it
+attends to that and to its own keys in two flash passes merged by log-sum-exp, elsewhere to the
+whole context under an offset causal mask.
 
 The metadata is built once per step and shared by every layer.
 """
@@ -38,6 +42,7 @@ class PrefillChunk:
     start: int  # first token row
     end: int
     block_ids: torch.Tensor | None  # (nb,) context blocks; None when the chunk starts at 0
+    # (except under the prefill kernel, which reads every position from the cache)
     context_len: int  # L: positions attended by the chunk's last token
     mask: torch.Tensor | None  # (n, L) offset causal mask; None: no cached context, or on CPU
 
@@ -48,6 +53,7 @@ class AttentionMetadata:
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
     kernel_writes: bool = False  # the caches are CPU caches the native kernels handle
+    prefill_kernel: bool = False  # prefill chunks attend in place (cpu_kernels.paged_prefill)
 
 
 def group_by_length(
@@ -83,7 +89,14 @@ def paged_attention(
     for g in meta.decode_groups:
         out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)
     for p in meta.prefills:
-        out[p.start : p.end] = _prefill(q, k, v, k_cache, v_cache, p, scale)
+        if meta.prefill_kernel:
+            past = p.context_len - (p.end - p.start)
+            qp = q[p.start : p.end]
+            out[p.start : p.end] = cpu_kernels.paged_prefill(
+                qp, k_cache, v_cache, p.block_ids, past, scale
+            )
+        else:
+            out[p.start : p.end] = _prefill(q, k, v, k_cache, v_cache, p, scale)
     return out.view(q.shape[0], -1)
 
 

@@ -52,6 +52,11 @@ def load() -> ctypes.CDLL | None:
     lib.kv_write.argtypes = [_ptr] * 5 + [_i64] * 9 + [ctypes.c_int]
     lib.kv_write_q8.restype = ctypes.c_int
     lib.kv_write_q8.argtypes = [_ptr] * 7 + [_i64] * 8 + [ctypes.c_int] * 2
+    lib.paged_prefill.restype = ctypes.c_int
+    lib.paged_prefill.argtypes = [_ptr] * 5 + [ctypes.c_int, _ptr] + [_i64] * 7
+    lib.paged_prefill.argtypes += [ctypes.c_float, _ptr, ctypes.c_int]
+    lib.paged_prefill_supports.restype = ctypes.c_int
+    lib.paged_prefill_supports.argtypes = [_i64] * 3
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
     lib.rms_norm.restype = None
@@ -129,6 +134,12 @@ def _cache_args(cache) -> tuple[int, int | None, int]:
     return cache.codes.data_ptr(), cache.scales.data_ptr(), QUANTIZED[cache.fmt.name]
 
 
+def _attention_io(q: torch.Tensor, k_cache, v_cache):
+    """float32 queries, an output like them, and each cache's (pointer, scales, dtype code)."""
+    qf = q.to(torch.float32).contiguous()
+    return qf, torch.empty_like(qf), _cache_args(k_cache), _cache_args(v_cache)
+
+
 def paged_decode(
     q: torch.Tensor,  # (b, nh, hd)
     k_cache,  # (nkv, num_blocks, bs, hd): a tensor, or a QuantizedKV (engine/quant/kv.py)
@@ -140,11 +151,9 @@ def paged_decode(
     lib = load()
     b, nh, hd = q.shape
     nkv, num_blocks, bs, _ = k_cache.shape
-    qf = q.to(torch.float32).contiguous()
-    out = torch.empty_like(qf)
+    qf, out, (k, k_scales, code), (v, v_scales, _) = _attention_io(q, k_cache, v_cache)
     tables = block_tables.to(torch.int64).contiguous()
     lens = context_lens.to(torch.int64).contiguous()
-    (k, k_scales, code), (v, v_scales, _) = _cache_args(k_cache), _cache_args(v_cache)
     rc = lib.paged_decode(
         qf.data_ptr(), k, v, k_scales, v_scales, code,
         tables.data_ptr(), tables.shape[1], lens.data_ptr(),
@@ -152,6 +161,35 @@ def paged_decode(
     )  # fmt: skip
     if rc != 0:
         raise MemoryError("paged_decode: out of memory for attention scores")
+    return out.to(q.dtype)
+
+
+def prefill_supported(nh: int, nkv: int, hd: int) -> bool:
+    """Whether the prefill kernel handles this head layout on this CPU (else torch's SDPA)."""
+    lib = load()
+    return lib is not None and bool(lib.paged_prefill_supports(nh, nkv, hd))
+
+
+def paged_prefill(
+    q: torch.Tensor,  # (n, nh, hd): a chunk's queries, positions start..start+n-1
+    k_cache,  # (nkv, num_blocks, bs, hd) holding the chunk's own K/V rows already
+    v_cache,
+    block_ids: torch.Tensor,  # (nb,) int64 block ids of positions 0..start+n-1
+    start: int,
+    scale: float,
+) -> torch.Tensor:  # (n, nh, hd), q's dtype
+    """Causal attention of a prefill chunk to its cached context and itself, read in place."""
+    lib = load()
+    n, nh, hd = q.shape
+    nkv, num_blocks, bs, _ = k_cache.shape
+    qf, out, (k, k_scales, code), (v, v_scales, _) = _attention_io(q, k_cache, v_cache)
+    table = block_ids.to(torch.int64).contiguous()
+    rc = lib.paged_prefill(
+        qf.data_ptr(), k, v, k_scales, v_scales, code, table.data_ptr(),
+        start, n, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"paged_prefill: head layout nh={nh} nkv={nkv} hd={hd} not supported")
     return out.to(q.dtype)
 
 

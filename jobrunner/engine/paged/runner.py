@@ -41,6 +41,10 @@ class ModelRunner:
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
         self.decode_kernel = cpu_kernels.supports(kv.layers[0][0])  # else gather + SDPA
+        # prefill chunks read their context and themselves from the cache too (else SDPA)
+        self.prefill_kernel = self.decode_kernel and cpu_kernels.prefill_supported(
+            model.num_heads, model.num_kv_heads, model.head_dim
+        )
 
     def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[bool]]:
         """Token per batch row (None where the row is mid-prompt) and whether its logits were
@@ -84,7 +88,11 @@ class ModelRunner:
             if batch.samples(i):
                 logits_rows.append(len(ids) - 1)
                 sampling_rows.append(i)
-        meta = AttentionMetadata(self._tensor(slots), kernel_writes=self.decode_kernel)
+        meta = AttentionMetadata(
+            self._tensor(slots),
+            kernel_writes=self.decode_kernel,
+            prefill_kernel=self.prefill_kernel,
+        )
         meta.decode_groups = self._decode_groups(batch, decode)
         meta.prefills = self._prefill_chunks(batch, prefill, first_row=len(decode))
         return StepInputs(
@@ -123,7 +131,10 @@ class ModelRunner:
         bs, chunks, row = self.kv.block_size, [], first_row
         for i in rows:
             start, n = batch.start_positions[i], batch.num_new_tokens[i]
-            if start == 0:
+            if self.prefill_kernel:  # the whole context, causal, in place: no mask
+                blocks = self._tensor(batch.seqs[i].block_table[: -(-(start + n) // bs)])
+                chunks.append(PrefillChunk(row, row + n, blocks, start + n, None))
+            elif start == 0:
                 chunks.append(PrefillChunk(row, row + n, None, n, None))
             else:
                 L = start + n

@@ -1,0 +1,97 @@
+"""The native prefill attention kernel (csrc/paged_prefill.c) against plain causal attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jobrunner.engine.paged import cpu_kernels
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.prefill_supported(9, 3, 64), reason="no AVX-512 prefill kernel on this CPU"
+)
+
+# (cached positions before the chunk, chunk length): one token, tile edges (16 query tokens),
+# key spans of 64 and their tails, chunks behind cached context, one token behind a long one
+CHUNKS = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 130), (37, 50), (64, 64), (200, 1), (130, 300)]
+
+
+def reference_prefill(q, k_cache, v_cache, block_ids, start, scale):
+    """The chunk's context gathered block by block; float64 softmax attention, causal."""
+    n, nh, hd = q.shape
+    nkv, _, bs, _ = k_cache.shape
+    L = start + n
+    k = k_cache[:, block_ids].reshape(nkv, -1, hd)[:, :L].double()  # (nkv, L, hd)
+    v = v_cache[:, block_ids].reshape(nkv, -1, hd)[:, :L].double()
+    k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
+    s = q.double().transpose(0, 1) @ k.transpose(1, 2) * scale  # (nh, n, L)
+    future = torch.arange(L)[None] > (start + torch.arange(n))[:, None]
+    w = torch.softmax(s.masked_fill(future, float("-inf")), dim=-1)
+    return (w @ v).transpose(0, 1).float()  # (n, nh, hd)
+
+
+def caches(nkv, num_blocks, bs, hd, dtype, g):
+    k = torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype)
+    return k, torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("hd,group", [(64, 3), (128, 8), (64, 1), (128, 4)])
+@pytest.mark.parametrize("bs", [16, 5])  # 16-key chunks that span blocks, or not
+def test_paged_prefill_matches_causal_attention_over_scattered_blocks(hd, group, bs):
+    g = torch.Generator().manual_seed(0)
+    nkv = 2
+    for start, n in CHUNKS:
+        nb = -(-(start + n) // bs)
+        k_cache, v_cache = caches(nkv, nb + 7, bs, hd, torch.float32, g)
+        block_ids = torch.randperm(nb + 7, generator=g)[:nb]
+        q = torch.randn(n, nkv * group, hd, generator=g)
+        got = cpu_kernels.paged_prefill(q, k_cache, v_cache, block_ids, start, hd**-0.5)
+        want = reference_prefill(q, k_cache, v_cache, block_ids, start, hd**-0.5)
+        assert got.shape == q.shape
+        torch.testing.assert_close(got, want, atol=3e-6, rtol=3e-6, msg=f"start={start} n={n}")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 4e-3)])
+def test_paged_prefill_keeps_16_bit_queries_and_reads_a_16_bit_cache(dtype, tol):
+    g = torch.Generator().manual_seed(1)
+    start, n, bs = 40, 70, 16
+    nb = -(-(start + n) // bs)
+    k_cache, v_cache = caches(3, nb, bs, 64, dtype, g)
+    block_ids = torch.randperm(nb, generator=g)
+    q = torch.randn(n, 9, 64, generator=g).to(dtype)
+    got = cpu_kernels.paged_prefill(q, k_cache, v_cache, block_ids, start, 0.125)
+    assert got.dtype == dtype
+    want = reference_prefill(q, k_cache, v_cache, block_ids, start, 0.125)
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_paged_prefill_reads_a_quantized_cache_in_place(fmt):
+    """Codes times their row's scale, as the torch gather dequantizes them."""
+    from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
+
+    g = torch.Generator().manual_seed(2)
+    nkv, bs, hd, start, n = 3, 16, 64, 90, 45
+    nb = -(-(start + n) // bs)
+    pair = []
+    for _ in range(2):
+        c = QuantizedKV(KV_FORMATS[fmt], (nkv, nb, bs, hd), torch.float32, "cpu")
+        c.write(torch.arange(nb * bs), torch.randn(nb * bs, nkv, hd, generator=g) * 3)
+        pair.append(c)
+    block_ids = torch.randperm(nb, generator=g)
+    q = torch.randn(n, nkv * 3, hd, generator=g)
+    got = cpu_kernels.paged_prefill(q, *pair, block_ids, start, 0.125)
+    every = torch.arange(nb)
+    plain = [c.gather(every).view(nkv, nb, bs, hd) for c in pair]
+    want = reference_prefill(q, *plain, block_ids, start, 0.125)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_layouts_the_kernel_does_not_cover_are_left_to_torch():
+    assert not cpu_kernels.prefill_supported(8, 8, 40)  # head_dim not 64 or 128
+    assert not cpu_kernels.prefill_supported(18, 2, 64)  # 9 query heads per KV head
+    assert not cpu_kernels.prefill_supported(10, 4, 64)  # heads not a multiple of KV heads
+    with pytest.raises(ValueError, match="not supported"):
+        q = torch.randn(3, 8, 40)
+        k = torch.randn(8, 1, 16, 40)
+        cpu_kernels.paged_prefill(q, k, k, torch.zeros(1, dtype=torch.long), 0, 0.1)
