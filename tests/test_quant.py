@@ -212,7 +212,10 @@ def test_kv_quantization_raises_block_count_and_keeps_outputs_close(base, reqs, 
     ref_tokens, ref_blocks = reference
     assert engine.stats.kv_bytes_per_token == 11880
     assert engine.stats.num_kv_blocks >= 1.9 * ref_blocks
-    assert [t[0] for t in tokens] == [t[0] for t in ref_tokens]  # prefill does not read the cache
+    # prefill attention reads its own new rows from the 8-bit cache too, so the first token may
+    # move, as it may under quantized weights
+    first = sum(a[0] == b[0] for a, b in zip(tokens, ref_tokens, strict=True))
+    assert first >= len(reqs) - 1
     assert exact_prefix(ref_tokens, tokens, NEW) >= 0.5
 
 
@@ -300,7 +303,9 @@ def test_quality_gate_fails_the_job_above_what_the_model_achieves(base, tmp_path
 
 @pytest.mark.slow
 def test_a_kv_only_format_gets_its_quality_measured(base, tmp_path):
-    """Weights untouched, so they agree fully; exact_prefix is what the 8-bit cache costs."""
+    """Weights untouched: agreement is the unquantized model's own (the noise floor between the
+    engine and a full forward pass, the 8-bit cache included); exact_prefix is what the cache
+    costs in generated tokens."""
     from jobrunner.engine.quant.apply import prepare_weights
 
     write_input(tmp_path)
@@ -309,7 +314,8 @@ def test_a_kv_only_format_gets_its_quality_measured(base, tmp_path):
     cfg = load_job(job)
     cfg.model.kv_cache_dtype = "int8"
     measured = prepare_weights(fresh(base), cfg)["quality"]
-    assert measured["rows"] == 3 and measured["agreement"] == 1.0
+    assert measured["rows"] == 3
+    assert measured["agreement"] == measured["agreement_unquantized"] >= 0.9
     assert 0.0 < measured["exact_prefix"] <= 1.0
 
 
