@@ -18,10 +18,11 @@ from jobrunner.engine.paged.model import PagedCausalLM
 from jobrunner.engine.paged.sampler import RowSampler, sample
 from jobrunner.sched.batch import ScheduledBatch
 
-# A chunk behind cached context attends in two flash passes merged by log-sum-exp on CPU once it
-# has this many (query, key) scores; below that, one masked pass is cheaper (2 cores, SmolLM2
-# heads: 220 tokens behind 32, 0.9 ms masked against 2.5 ms split; 2,000 behind 32, 52 against
-# 32 ms; 1,000 behind 1,000, 24 against 20 ms).
+# Without the prefill kernel (cpu_kernels.paged_prefill), a chunk behind cached context attends
+# in two flash passes merged by log-sum-exp on CPU once it has this many (query, key) scores;
+# below that, one masked pass is cheaper (2 cores, SmolLM2 heads: 220 tokens behind 32, 0.9 ms
+# masked against 2.5 ms split; 2,000 behind 32, 52 against 32 ms; 1,000 behind 1,000, 24
+# against 20 ms).
 SPLIT_PREFILL_SCORES = 1 << 19
 
 
