@@ -50,12 +50,12 @@ static inline const float *load_row(const Job *J, const void *base, const uint16
             dst[i] = half_to_float(((const uint16_t *)base)[offset + i]);
         break;
     case I8: {
-        const float s = half_to_float(scales[offset / hd]);
+        const float s = code_scale(I8, scales, offset, hd);
         for (int64_t i = 0; i < hd; i++) dst[i] = (float)((const int8_t *)base)[offset + i] * s;
         break;
     }
     default: {
-        const float s = half_to_float(scales[offset / hd]) * 256.0f;
+        const float s = code_scale(FP8, scales, offset, hd);
         for (int64_t i = 0; i < hd; i++)
             dst[i] = half_to_float(fp8_as_half(((const uint8_t *)base)[offset + i])) * s;
     }
@@ -91,10 +91,6 @@ static void softmax_rows(float *scores, int64_t rows, int64_t L) {
 #include <immintrin.h>
 
 enum { SPAN = 64 }; /* tokens per online-softmax update */
-
-static inline float row_scale(const Job *J, const uint16_t *scales, int64_t offset) {
-    return code_scale(J->dtype, scales, offset, J->hd);
-}
 
 /* d[0..15] -> one vector whose lane t is the sum of d[t]'s lanes (a transpose-and-add tree:
  * 45 shuffles and adds for 16 dot products instead of 16 full reductions). */
@@ -157,7 +153,7 @@ static inline __attribute__((always_inline)) void scores16(const Job *J, const f
             krow[tt] = (const float *)J->k + off[tt];
             continue;
         }
-        const __m512 f = _mm512_set1_ps(row_scale(J, J->k_scale, off[tt]));
+        const __m512 f = _mm512_set1_ps(code_scale(J->dtype, J->k_scale, off[tt], J->hd));
         for (int c = 0; c < C; c++) {
             const __m512 x = load16(J->k, J->dtype, off[tt] + 16 * c);
             _mm512_store_ps(kbuf + tt * hd + 16 * c, _mm512_mul_ps(f, x));
@@ -240,7 +236,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
             sum[j] = _mm512_fmadd_ps(sum[j], _mm512_set1_ps(alpha[j]), e_sum);
             m[j] = m_new;
         }
-        for (int64_t tt = 0; tt < n; tt++) vf[tt] = row_scale(J, J->v_scale, off[tt]);
+        for (int64_t tt = 0; tt < n; tt++) vf[tt] = code_scale(J->dtype, J->v_scale, off[tt], hd);
         for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
             __m512 a[G][CB];
             for (int j = 0; j < G; j++)
