@@ -26,6 +26,7 @@ class SmallRowLinear:
 
     def __init__(self) -> None:
         self.native = cpu_kernels.gemm_supported()
+        self.max_rows = self.MAX_ROWS if self.native else self.ONEDNN_MAX_ROWS
         self.packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(w) -> (w, packed)
 
     @staticmethod
@@ -43,8 +44,7 @@ class SmallRowLinear:
         )
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        limit = self.MAX_ROWS if self.native else self.ONEDNN_MAX_ROWS
-        if x.shape[0] > limit or x.dtype != torch.float32 or x.dim() != 2:
+        if x.shape[0] > self.max_rows or x.dtype != torch.float32 or x.dim() != 2:
             return F.linear(x, w, b)
         entry = self.packed.get(id(w))
         if entry is None or entry[0] is not w:
