@@ -104,6 +104,7 @@ class EngineConfig(_Strict):
     kv_cache_bytes: int | None = Field(None, ge=1)  # explicit KV-cache size, overrides fraction
     order_window: int = Field(4096, ge=1)  # rows reordered together (shared heads, lengths)
     num_threads: int | None = Field(None, ge=1)
+    cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/paged)
 
 
 class CostConfig(_Strict):

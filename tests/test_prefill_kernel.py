@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_ref import reference_prefill
 
 from jobrunner.engine.paged import cpu_kernels
 
@@ -14,20 +15,6 @@ pytestmark = pytest.mark.skipif(
 # (cached positions before the chunk, chunk length): one token, tile edges (16 query tokens),
 # key spans of 64 and their tails, chunks behind cached context, one token behind a long one
 CHUNKS = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 130), (37, 50), (64, 64), (200, 1), (130, 300)]
-
-
-def reference_prefill(q, k_cache, v_cache, block_ids, start, scale):
-    """The chunk's context gathered block by block; float64 softmax attention, causal."""
-    n, nh, hd = q.shape
-    nkv, _, bs, _ = k_cache.shape
-    L = start + n
-    k = k_cache[:, block_ids].reshape(nkv, -1, hd)[:, :L].double()  # (nkv, L, hd)
-    v = v_cache[:, block_ids].reshape(nkv, -1, hd)[:, :L].double()
-    k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
-    s = q.double().transpose(0, 1) @ k.transpose(1, 2) * scale  # (nh, n, L)
-    future = torch.arange(L)[None] > (start + torch.arange(n))[:, None]
-    w = torch.softmax(s.masked_fill(future, float("-inf")), dim=-1)
-    return (w @ v).transpose(0, 1).float()  # (n, nh, hd)
 
 
 def caches(nkv, num_blocks, bs, hd, dtype, g):

@@ -2,6 +2,9 @@
 
 Token rows of a step are laid out as [decode rows, sorted by context length][prefill chunks].
 
+On CUDA, one Triton kernel (triton_attention.py) attends every row in place in the paged cache:
+decode rows and prompt chunks alike, no gather, no mask.
+
 On CPU, native kernels (engine/paged/cpu_kernels.py) attend in place in the paged cache: decode
 rows in one group with no padding and no gather, and, where the head layout suits the prefill
 kernel, each prefill chunk to its cached context and to its own K/V rows (written just before),
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from jobrunner.engine.paged import cpu_kernels
+from jobrunner.engine.paged import cpu_kernels, triton_attention
 from jobrunner.engine.paged.kv_cache import to_cache_dtype
 
 
@@ -54,6 +57,7 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
     kernel_writes: bool = False  # the caches are CPU caches the native kernels handle
     prefill_kernel: bool = False  # prefill chunks attend in place (cpu_kernels.paged_prefill)
+    triton: triton_attention.TritonBatch | None = None  # CUDA: every row through the kernel
 
 
 def group_by_length(
@@ -85,6 +89,8 @@ def paged_attention(
     else:
         _write(k_cache, meta.slot_mapping, k)
         _write(v_cache, meta.slot_mapping, v)
+    if meta.triton is not None:
+        return triton_attention.attend(q, k_cache, v_cache, meta.triton, scale).view(q.shape[0], -1)
     out = torch.empty_like(q)
     for g in meta.decode_groups:
         out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)

@@ -67,7 +67,10 @@ class PagedEngine(Engine):
             self.max_model_len,
             watermark_blocks=max(1, self.kv.num_blocks // 100),
         )
-        self.runner = ModelRunner(self.model, self.kv, loaded.device)
+        graph_rows = e.max_num_seqs if e.cuda_graphs else 0
+        self.runner = ModelRunner(
+            self.model, self.kv, loaded.device, graph_rows, self.max_model_len
+        )
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.stats.num_kv_blocks = self.kv.num_blocks
         self.stats.kv_bytes_per_token = self.kv.bytes_per_token

@@ -4,6 +4,9 @@ Stored in the model's dtype (`model.kv_cache_dtype: auto`), in 16 bits (`float16
 half the memory of a float32 model's cache, attention still computes in the model's dtype), or
 in 8 bits with a scale per token and head (`int8`, `fp8`: engine/quant/kv.py).
 
+One block more than the block manager owns is allocated: the scratch block, which padding rows
+of captured decode steps write to.
+
 Sized from `engine.kv_cache_bytes` when given, else from free memory x `memory_fraction`
 (on CPU half of that, at most CPU_MAX_BYTES, and no more than max_num_seqs full-length
 sequences could ever use).
@@ -29,9 +32,15 @@ FLOAT16_MAX = 65504.0
 @dataclass
 class KVCache:
     layers: list[tuple[torch.Tensor, torch.Tensor]]
-    num_blocks: int
+    num_blocks: int  # blocks 0..num_blocks-1 hold sequences (the block manager's)
     block_size: int
     bytes_per_token: int
+
+    @property
+    def scratch_block(self) -> int:
+        """One block past the managed ones: padding rows of a captured decode step write
+        there (cuda_graphs.py)."""
+        return self.num_blocks
 
 
 def kv_bytes_per_token(
@@ -94,7 +103,7 @@ def allocate_kv_cache(
     device: torch.device,
     kv_format: str = "auto",
 ) -> KVCache:
-    shape = (num_kv_heads, num_blocks, block_size, head_dim)
+    shape = (num_kv_heads, num_blocks + 1, block_size, head_dim)  # + the scratch block
     if kv_format not in ("auto", *HALF_FORMATS):
         from jobrunner.engine.quant.kv import allocate
 

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from jobrunner.engine.paged import cpu_kernels
+from jobrunner.engine.paged import cpu_kernels, triton_attention
 from jobrunner.engine.paged.attention import (
     AttentionMetadata,
     DecodeGroup,
     PrefillChunk,
     group_by_length,
 )
+from jobrunner.engine.paged.cuda_graphs import DecodeGraphs
 from jobrunner.engine.paged.kv_cache import KVCache
 from jobrunner.engine.paged.model import PagedCausalLM
 from jobrunner.engine.paged.sampler import RowSampler, sample
 from jobrunner.sched.batch import ScheduledBatch
+
+log = logging.getLogger(__name__)
 
 # Without the prefill kernel (cpu_kernels.paged_prefill), a chunk behind cached context attends
 # in two flash passes merged by log-sum-exp on CPU once it has this many (query, key) scores;
@@ -36,24 +40,65 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: PagedCausalLM, kv: KVCache, device: torch.device):
+    def __init__(
+        self,
+        model: PagedCausalLM,
+        kv: KVCache,
+        device: torch.device,
+        graph_rows: int = 0,
+        max_len: int = 0,
+    ):
         self.model = model
         self.kv = kv
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
-        self.decode_kernel = cpu_kernels.supports(kv.layers[0][0])  # else gather + SDPA
+        # CUDA: every row through the Triton kernel; CPU: native kernels; else gather + SDPA
+        self.triton = self._triton_usable(model, kv.layers[0][0], device)
+        self.decode_kernel = not self.triton and cpu_kernels.supports(kv.layers[0][0])
         # prefill chunks read their context and themselves from the cache too (else SDPA)
         self.prefill_kernel = self.decode_kernel and cpu_kernels.prefill_supported(
             model.num_heads, model.num_kv_heads, model.head_dim
         )
+        self.graphs = None  # decode steps of up to graph_rows rows replay captured graphs
+        if self.triton and graph_rows and max_len:
+            self.graphs = self._capture(graph_rows, max_len)
+        log.info("paged attention: %s", self._describe())
+
+    def _capture(self, rows: int, max_len: int) -> DecodeGraphs | None:
+        graphs = DecodeGraphs(self.model, self.kv, self.device, rows, max_len)
+        try:
+            graphs.capture()
+        except Exception as e:  # e.g. a quantized layer that syncs with the host
+            log.warning(
+                "CUDA graph capture failed (%s: %s): decode runs eagerly", type(e).__name__, e
+            )
+            return None
+        return graphs
+
+    @staticmethod
+    def _triton_usable(model: PagedCausalLM, cache, device: torch.device) -> bool:
+        heads = (model.num_heads, model.num_kv_heads, model.head_dim)
+        if not (triton_attention.wanted(device) and triton_attention.supports(cache, *heads)):
+            return False
+        dtype = next(model.hf.parameters()).dtype
+        why = triton_attention.self_check(device, dtype, cache.dtype, *heads)
+        if why:
+            log.warning("Triton attention failed its start-up check (%s): torch path", why)
+        return why is None
+
+    def _describe(self) -> str:
+        path = "native CPU kernels" if self.decode_kernel else "torch gather + SDPA"
+        if self.triton:
+            path = "Triton kernel"
+        if self.graphs is not None:
+            path += f", CUDA graphs for decode steps of up to {self.graphs.max_rows} rows"
+        return path
 
     def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[bool]]:
         """Token per batch row (None where the row is mid-prompt) and whether its logits were
         finite (False marks a row to fail; its token is meaningless)."""
         inputs = self.prepare(batch)
-        logits = self.model.forward(
-            inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers, inputs.logits_rows
-        )  # (R, V)
+        logits = self._forward(inputs)  # (R, V)
         samplers = [self._sampler(batch.seqs[i]) for i in inputs.sampling_rows]
         sampled, finite = sample(logits, samplers)
         tokens: list[int | None] = [None] * len(batch)
@@ -61,6 +106,21 @@ class ModelRunner:
         for row, token, good in zip(inputs.sampling_rows, sampled, finite, strict=True):
             tokens[row], ok[row] = token, good
         return tokens, ok
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        t, n = inputs.meta.triton, inputs.input_ids.shape[0]
+        replay = (
+            self.graphs is not None
+            and t is not None
+            and t.num_decode == n  # decode only: one token and one logits row per sequence
+            and len(inputs.sampling_rows) == n
+            and n <= self.graphs.max_rows
+        )
+        if replay:
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, t)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers, inputs.logits_rows
+        )
 
     def release(self, seq_id: int) -> None:
         self.samplers.pop(seq_id, None)
@@ -80,9 +140,10 @@ class ModelRunner:
             key=lambda i: batch.start_positions[i],
         )
         prefill = [i for i in range(len(batch)) if not batch.is_decode(i)]
-        ids, pos, slots, logits_rows, sampling_rows = [], [], [], [], []
+        ids, pos, slots, logits_rows, sampling_rows, q_start = [], [], [], [], [], []
         for i in decode + prefill:
             seq, start, n = batch.seqs[i], batch.start_positions[i], batch.num_new_tokens[i]
+            q_start.append(len(ids))
             ids += seq.token_ids[start : start + n]
             pos += range(start, start + n)
             slots += self._slots(seq.block_table, start, n)
@@ -94,8 +155,11 @@ class ModelRunner:
             kernel_writes=self.decode_kernel,
             prefill_kernel=self.prefill_kernel,
         )
-        meta.decode_groups = self._decode_groups(batch, decode)
-        meta.prefills = self._prefill_chunks(batch, prefill, first_row=len(decode))
+        if self.triton:
+            meta.triton = self._triton_batch(batch, decode + prefill, q_start, len(decode))
+        else:
+            meta.decode_groups = self._decode_groups(batch, decode)
+            meta.prefills = self._prefill_chunks(batch, prefill, first_row=len(decode))
         return StepInputs(
             self._tensor(ids), self._tensor(pos), meta, self._tensor(logits_rows), sampling_rows
         )
@@ -106,6 +170,18 @@ class ModelRunner:
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _triton_batch(
+        self, batch: ScheduledBatch, rows: list[int], q_start: list[int], num_decode: int
+    ) -> triton_attention.TritonBatch:
+        bs = self.kv.block_size
+        ctx = [batch.start_positions[i] + batch.num_new_tokens[i] for i in rows]
+        tables = [batch.seqs[i].block_table[: -(-L // bs)] for i, L in zip(rows, ctx, strict=True)]
+        q_len = [batch.num_new_tokens[i] for i in rows]
+        group = self.model.num_heads // self.model.num_kv_heads
+        return triton_attention.build_batch(
+            tables, q_start, q_len, ctx, num_decode, group, self.device
+        )
 
     def _decode_groups(self, batch: ScheduledBatch, rows: list[int]) -> list[DecodeGroup]:
         bs = self.kv.block_size

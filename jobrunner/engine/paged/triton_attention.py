@@ -1,0 +1,198 @@
+"""Paged attention on CUDA through our Triton kernel (triton_kernel.py), in place in the cache.
+
+One launch attends every decode row (a tile per row, grid (rows, nkv)); a second attends every
+prompt chunk, split into tiles of new tokens, the tiles with the most keys first. Neither gathers
+the cache nor builds a mask, and the decode launch reads only fixed-shape tensors, so a CUDA graph
+can capture it (cuda_graphs.py). Plain float32, float16 and bfloat16 caches are read; the 8-bit
+formats keep the torch path.
+
+With TRITON_INTERPRET=1 the same kernel runs on CPU tensors (slowly): that is how the tests check
+it without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+PREFILL_ROWS = 64  # query rows (tokens x padded group) per prefill tile
+DECODE_ROWS = 16  # tl.dot's smallest M: a decode tile pads its G query heads up to this
+BLOCK_N = 64  # keys per inner step
+
+
+@dataclass
+class TritonBatch:
+    """One step's sequences, decode rows first (the runner's token order), as int32 tensors."""
+
+    tables: torch.Tensor  # (S, W) block ids (padding 0)
+    q_start: torch.Tensor  # (S,)
+    q_len: torch.Tensor  # (S,)
+    ctx: torch.Tensor  # (S,)
+    num_decode: int  # sequences 0..num_decode-1 have one new token each
+    tile_seg: torch.Tensor | None = None  # (tiles,) prefill tiles: sequence index
+    tile_q0: torch.Tensor | None = None  # (tiles,) first new token of the tile
+
+
+@cache
+def available() -> bool:
+    try:
+        from jobrunner.engine.paged import triton_kernel  # noqa: F401
+    except Exception:  # not installed, or a build without a backend for this machine
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def wanted(device: torch.device) -> bool:
+    """CUDA runs the kernel unless JOBRUNNER_TRITON=0 (the torch path, for comparison);
+    JOBRUNNER_TRITON=1 asks for it elsewhere too (on CPU with TRITON_INTERPRET=1: tests)."""
+    flag = os.environ.get("JOBRUNNER_TRITON", "auto")
+    return flag == "1" or (flag != "0" and device.type == "cuda")
+
+
+def supports(cache_tensor: object, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel can attend over this layer's cache for this head layout."""
+    if not isinstance(cache_tensor, torch.Tensor) or cache_tensor.dtype not in DTYPES:
+        return False
+    on_device = cache_tensor.device.type == "cuda" or interpreting()
+    fits = head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
+    return on_device and fits and available()
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def prefill_tokens(group: int) -> int:
+    """New tokens per prefill tile: PREFILL_ROWS query rows of `group` (padded) heads each."""
+    return max(1, PREFILL_ROWS // _pow2(group))
+
+
+def build_batch(
+    tables: list[list[int]],  # each sequence's context blocks, decode rows first
+    q_start: list[int],
+    q_len: list[int],
+    ctx: list[int],
+    num_decode: int,
+    group: int,
+    device: torch.device,
+) -> TritonBatch:
+    """The tensors for a step; prefill tiles ordered by their keys, the most first."""
+    width = max(map(len, tables), default=1)
+    per_tile = prefill_tokens(group)
+    tiles = [(s, q0) for s in range(num_decode, len(tables)) for q0 in range(0, q_len[s], per_tile)]
+    tiles.sort(key=lambda t: -(ctx[t[0]] - q_len[t[0]] + t[1]))
+
+    def ints(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return TritonBatch(
+        ints([t + [0] * (width - len(t)) for t in tables]).view(len(tables), width),
+        ints(q_start),
+        ints(q_len),
+        ints(ctx),
+        num_decode,
+        ints([s for s, _ in tiles]),
+        ints([q0 for _, q0 in tiles]),
+    )
+
+
+def attend(
+    q: torch.Tensor,  # (T, nh, hd)
+    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd)
+    v_cache: torch.Tensor,
+    batch: TritonBatch,
+    scale: float,
+) -> torch.Tensor:  # (T, nh, hd)
+    out = torch.empty_like(q)
+    if batch.num_decode:
+        _launch(q, k_cache, v_cache, out, batch, scale, batch.num_decode, decode=True)
+    if batch.tile_seg is not None and batch.tile_seg.numel():
+        _launch(q, k_cache, v_cache, out, batch, scale, batch.tile_seg.numel(), decode=False)
+    return out
+
+
+def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode: bool) -> None:
+    from jobrunner.engine.paged.triton_kernel import paged_attention_kernel
+
+    nh, hd = q.shape[1], q.shape[2]
+    nkv = k_cache.shape[0]
+    group = nh // nkv
+    if decode:  # one token: its query heads padded up to tl.dot's smallest M
+        g_pad, tokens = max(DECODE_ROWS, _pow2(group)), 1
+    else:
+        g_pad, tokens = _pow2(group), prefill_tokens(group)
+    assert v_cache.stride() == k_cache.stride()
+    q = q if q.stride(2) == 1 else q.contiguous()
+    tile_seg = b.q_start if decode else b.tile_seg  # unread by decode launches
+    tile_q0 = b.q_start if decode else b.tile_q0
+    paged_attention_kernel[(tiles, nkv)](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        b.tables,
+        b.q_start,
+        b.q_len,
+        b.ctx,
+        tile_seg,
+        tile_q0,
+        scale,
+        k_cache.shape[2],
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        b.tables.stride(0),
+        G=group,
+        G_PAD=g_pad,
+        BLOCK_Q=tokens,
+        BLOCK_N=BLOCK_N,
+        HD=hd,
+        HD_PAD=max(16, _pow2(hd)),
+        DECODE=decode,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+
+
+def self_check(
+    device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, nh: int, nkv: int, hd: int
+) -> str | None:
+    """Run the kernel once on a small mixed step against plain attention on the device: None
+    when it agrees, else why not (the runner then keeps the torch path). A kernel that fails to
+    compile, or miscomputes on a GPU the tests never ran on, costs a log line, not the job."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    bs, blocks = 16, 4
+    k_cache = torch.randn(nkv, blocks, bs, hd, generator=g).to(device, cache_dtype)
+    v_cache = torch.randn(nkv, blocks, bs, hd, generator=g).to(device, cache_dtype)
+    # one decode row over 40 positions (blocks 2, 0, 3), one 20-token chunk behind 10 (1, 2)
+    tables, q_len, ctx = [[2, 0, 3], [1, 2]], [1, 20], [40, 30]
+    q = torch.randn(21, nh, hd, generator=g).to(device, dtype)
+    batch = build_batch(tables, [0, 1], q_len, ctx, 1, nh // nkv, device)
+    try:
+        got = attend(q, k_cache, v_cache, batch, hd**-0.5).float()
+    except Exception as e:  # compile or launch failure
+        return f"{type(e).__name__}: {e}"
+    worst = 0.0
+    for table, start, n, L in zip(tables, [0, 1], q_len, ctx, strict=True):
+        k = k_cache[:, table].reshape(nkv, -1, hd)[:, :L].float().repeat_interleave(nh // nkv, 0)
+        v = v_cache[:, table].reshape(nkv, -1, hd)[:, :L].float().repeat_interleave(nh // nkv, 0)
+        s = q[start : start + n].float().transpose(0, 1) @ k.transpose(1, 2) * hd**-0.5
+        future = (
+            torch.arange(L, device=device)[None] > torch.arange(L - n, L, device=device)[:, None]
+        )
+        want = (torch.softmax(s.masked_fill(future, float("-inf")), -1) @ v).transpose(0, 1)
+        worst = max(worst, (got[start : start + n] - want).abs().max().item())
+    limit = 1e-4 if dtype == torch.float32 else 5e-2
+    return None if worst <= limit else f"largest error {worst:.2e} against plain attention"

@@ -1,0 +1,224 @@
+"""The Triton paged attention kernel (engine/paged/triton_attention.py) against plain attention.
+
+Without CUDA it runs under Triton's interpreter on CPU tensors, so the kernel's indexing, masks
+and online softmax are checked on every machine; with CUDA, compiled, on the GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before the kernel module is imported and decorated
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from attention_ref import reference_prefill  # noqa: E402
+
+from jobrunner.engine.paged import triton_attention  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+# (cached positions before the new tokens, new tokens): decode rows first, then prompt chunks:
+# a first token, a block edge, a chunk over several tiles, chunks behind cached context
+DECODES = [(0, 1), (15, 1), (16, 1), (70, 1), (130, 1)]
+CHUNKS = [(0, 1), (0, 17), (0, 70), (37, 50), (64, 3), (130, 30)]
+
+
+def run_step(work, num_decode, nh, nkv, hd, bs, dtype, cache_dtype, seed=0):
+    """Attend one step over scattered blocks, the first `num_decode` sequences as decode rows;
+    yields ((past, n), got, want) per sequence."""
+    g = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-(past + n) // bs) for past, n in work]
+    total = sum(blocks_needed) + 5
+    k_cache = torch.randn(nkv, total, bs, hd, generator=g).to(cache_dtype)
+    v_cache = torch.randn(nkv, total, bs, hd, generator=g).to(cache_dtype)
+    free = torch.randperm(total, generator=g).tolist()
+    tables, q_start, row = [], [], 0
+    for nb, (_, n) in zip(blocks_needed, work, strict=True):
+        tables.append([free.pop() for _ in range(nb)])
+        q_start.append(row)
+        row += n
+    q = torch.randn(row, nh, hd, generator=g).to(dtype)
+    batch = triton_attention.build_batch(
+        tables,
+        q_start,
+        [n for _, n in work],
+        [past + n for past, n in work],
+        num_decode,
+        nh // nkv,
+        DEVICE,
+    )
+    scale = hd**-0.5
+    out = triton_attention.attend(
+        q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), batch, scale
+    ).cpu()
+    for (past, n), table, start in zip(work, tables, q_start, strict=True):
+        want = reference_prefill(
+            q[start : start + n].float(), k_cache.float(), v_cache.float(), table, past, scale
+        )
+        yield (past, n), out[start : start + n], want
+
+
+@pytest.mark.parametrize("hd,group", [(64, 3), (128, 4), (64, 1), (80, 2)])
+@pytest.mark.parametrize("bs", [16, 5])  # 64-key steps that span blocks, or not
+def test_mixed_step_matches_causal_attention_over_scattered_blocks(hd, group, bs):
+    nkv = 2
+    for (past, n), got, want in run_step(
+        DECODES + CHUNKS, len(DECODES), nkv * group, nkv, hd, bs, torch.float32, torch.float32
+    ):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5, msg=f"past={past} n={n}")
+
+
+def test_prompt_chunks_alone_and_decode_rows_alone():
+    for work, num_decode in ((CHUNKS, 0), (DECODES, len(DECODES))):
+        for (past, n), got, want in run_step(
+            work, num_decode, 6, 2, 64, 16, torch.float32, torch.float32
+        ):
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5, msg=f"{past} {n}")
+
+
+@pytest.mark.parametrize(
+    "dtype,cache_dtype,tol",
+    [
+        (torch.float32, torch.float16, 2e-5),  # a 16-bit cache under a float32 model
+        pytest.param(
+            torch.bfloat16,
+            torch.bfloat16,
+            3e-2,
+            marks=pytest.mark.skipif(
+                DEVICE.type == "cpu", reason="Triton 3.9's interpreter multiplies bfloat16 wrongly"
+            ),
+        ),
+        (torch.float16, torch.float16, 4e-3),
+    ],
+)
+def test_16_bit_queries_and_caches(dtype, cache_dtype, tol):
+    work = DECODES[:3] + CHUNKS[2:4]
+    for (past, n), got, want in run_step(work, 3, 6, 2, 64, 16, dtype, cache_dtype, seed=1):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=f"{past} {n}")
+
+
+def test_prefill_tiles_cover_every_new_token_once_most_keys_first():
+    per_tile = triton_attention.prefill_tokens(3)  # 3 heads pad to 4: 16 tokens a tile
+    assert per_tile == 16
+    b = triton_attention.build_batch(
+        [[0], [1, 2], [3, 4, 5]], [0, 1, 21], [1, 20, 33], [9, 20, 40], 1, 3, torch.device("cpu")
+    )
+    tiles = list(zip(b.tile_seg.tolist(), b.tile_q0.tolist(), strict=True))
+    assert sorted(tiles) == [(1, 0), (1, 16), (2, 0), (2, 16), (2, 32)]  # not the decode row
+    keys = [40 - 33 + q0 if s == 2 else q0 for s, q0 in tiles]  # cached positions + q0
+    assert keys == sorted(keys, reverse=True)
+    assert b.tables.tolist() == [[0, 0, 0], [1, 2, 0], [3, 4, 5]]
+
+
+def test_layouts_and_caches_it_declines():
+    from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
+
+    cache = torch.zeros(2, 4, 16, 64, device=DEVICE)
+    assert triton_attention.supports(cache, 6, 2, 64)
+    assert not triton_attention.supports(cache, 6, 4, 64)  # heads not a multiple of KV heads
+    assert not triton_attention.supports(cache[..., :1].expand(2, 4, 16, 300), 6, 2, 300)
+    quantized = QuantizedKV(KV_FORMATS["int8"], (2, 4, 16, 64), torch.float32, "cpu")
+    assert not triton_attention.supports(quantized, 6, 2, 64)
+
+
+# ---------------------------------------------------------------- the engine on this path
+
+
+@pytest.fixture(scope="module")
+def bench_gpu():
+    """scripts/bench_gpu.py: its sharpened tiny random Llama and HF greedy reference."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+
+    return bench_gpu
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_paged_engine_on_the_triton_path_equals_hf_generate(bench_gpu, graphs, monkeypatch):
+    """Rows of different lengths leave one by one, so decode steps shrink through the graph
+    buckets (8, 4, 2, 1 rows) with padding rows in most of them."""
+    from jobrunner.config import JobConfig
+    from jobrunner.engine.paged import PagedEngine, cuda_graphs
+    from jobrunner.types import Request, SamplingParams
+
+    monkeypatch.setenv("JOBRUNNER_TRITON", "1")
+    loaded = bench_gpu.sharpened_tiny(DEVICE)
+    work = bench_gpu.prompts(6, 20, 140, loaded.model.config.vocab_size, seed=3)
+    new = [6 + 3 * i for i in range(len(work))]
+    cfg = JobConfig()
+    cfg.engine.kv_cache_bytes = 4 << 20
+    cfg.engine.cuda_graphs = graphs
+    cfg.engine.max_batch_tokens = 128  # prompts prefill in chunks, some behind decode rows
+    engine = PagedEngine(loaded, cfg)
+    assert engine.runner.triton and not engine.runner.decode_kernel
+    assert (engine.runner.graphs is not None) == graphs
+    replays = []
+    if graphs:
+        real = cuda_graphs.DecodeGraphs.run
+        monkeypatch.setattr(
+            cuda_graphs.DecodeGraphs,
+            "run",
+            lambda self, ids, *a: replays.append(ids.shape[0]) or real(self, ids, *a),
+        )
+    reqs = [
+        Request(str(i), ids, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        for i, (ids, n) in enumerate(zip(work, new, strict=True))
+    ]
+    got = {r.id: r.token_ids for r in engine.generate(reqs)}
+    want = [bench_gpu.hf_greedy(loaded, ids, n) for ids, n in zip(work, new, strict=True)]
+    bad = [i for i in range(len(work)) if got[str(i)] != want[i]]
+    assert not bad, f"rows differing from HF generate: {bad}"
+    if graphs:
+        assert {1, 3, 5} <= set(replays)  # steps of 3 and 5 rows replay the 4- and 8-row graphs
+
+
+def test_graph_sizes_pad_a_step_by_less_than_16_rows():
+    from jobrunner.engine.paged.cuda_graphs import bucket_sizes
+
+    sizes = bucket_sizes(256)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256
+    assert all(b - a <= 16 for a, b in zip(sizes, sizes[1:], strict=False))
+    assert bucket_sizes(20) == [1, 2, 4, 8, 16, 20]  # max_num_seqs itself is a size
+    assert bucket_sizes(3) == [1, 2, 3]
+
+
+def test_the_cache_keeps_a_scratch_block_no_sequence_owns():
+    from jobrunner.engine.paged.kv_cache import allocate_kv_cache
+
+    kv = allocate_kv_cache(2, 2, 64, 10, 16, torch.float32, torch.device("cpu"))
+    assert kv.num_blocks == 10 and kv.scratch_block == 10
+    assert all(k.shape[1] == v.shape[1] == 11 for k, v in kv.layers)
+
+
+def test_the_start_up_check_passes_here_and_a_failing_kernel_or_capture_costs_a_log_line(
+    bench_gpu, monkeypatch, caplog
+):
+    from jobrunner.config import JobConfig
+    from jobrunner.engine.paged import PagedEngine, cuda_graphs
+
+    assert triton_attention.self_check(DEVICE, torch.float32, torch.float32, 6, 2, 64) is None
+    monkeypatch.setenv("JOBRUNNER_TRITON", "1")
+    loaded = bench_gpu.sharpened_tiny(DEVICE)
+    cfg = JobConfig()
+    cfg.engine.kv_cache_bytes = 1 << 20
+    with monkeypatch.context() as m:
+        m.setattr(triton_attention, "self_check", lambda *a: "largest error 1e+00")
+        engine = PagedEngine(loaded, cfg)
+    assert not engine.runner.triton and engine.runner.graphs is None
+    assert "failed its start-up check (largest error 1e+00)" in caplog.text
+
+    def no_capture(self, graph_type=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs.DecodeGraphs, "capture", no_capture)
+    engine = PagedEngine(loaded, cfg)
+    assert engine.runner.triton and engine.runner.graphs is None
+    assert "decode runs eagerly" in caplog.text
