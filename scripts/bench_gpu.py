@@ -8,10 +8,11 @@ everywhere, so every engine does the same work.
   static  HF `generate`, left-padded length-sorted static batches (best of --hf-batch-sizes)
   paged   `engine.kind: paged` on the same requests
   exact   first, a tiny random model in float32: the paged engine's greedy tokens against HF
-          `generate` one row at a time, rows equal (the oracle, on this device's paths)
+          `generate` one row at a time, rows equal (the oracle), on each CUDA path
   decode  --decode-rows rows of --decode-prompt tokens generating --decode-new each: decode
           tokens/s (the run minus a prefill-only run) against the device's roofline, the larger
-          of a step's bytes (weights + KV read) over memory bandwidth and its FLOPs over peak
+          of a step's bytes (weights + KV read) over memory bandwidth and its FLOPs over peak,
+          on each CUDA path: the Triton kernel with and without CUDA graphs, the torch path
 
     python scripts/bench_gpu.py --out /tmp/bench_gpu.json
     python scripts/bench_gpu.py --device cpu --shape tiny --dtype float32   # a smoke check
@@ -20,7 +21,9 @@ everywhere, so every engine does the same work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import sys
 import time
@@ -85,27 +88,36 @@ def prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def exactness(device: torch.device, rows: int, new: int = 32) -> tuple[int, int]:
-    """(rows equal, rows): greedy float32 tokens of the paged engine against HF `generate` one
-    row at a time, on a tiny random model whose logits are sharpened so near-ties are rare."""
+def sharpened_tiny(device: torch.device) -> LoadedModel:
+    """The tiny random model in float32, its logits sharpened so greedy near-ties are rare."""
     loaded = build("tiny", device, torch.float32)
     with torch.no_grad():
         loaded.model.lm_head.weight.mul_(30.0)
+    return loaded
+
+
+def hf_greedy(loaded: LoadedModel, ids: list[int], new: int) -> list[int]:
+    """HF `generate`, one row, greedy, exactly `new` tokens."""
+    x = torch.tensor([ids], device=loaded.device)
+    out = loaded.model.generate(
+        input_ids=x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(ids) :].tolist()
+
+
+def exactness(device: torch.device, rows: int, new: int = 32, **engine) -> tuple[int, int]:
+    """(rows equal, rows): greedy float32 tokens of the paged engine against HF `generate` one
+    row at a time, on the sharpened tiny model."""
+    loaded = sharpened_tiny(device)
     work = prompts(rows, 20, 300, loaded.model.config.vocab_size, seed=2)
-    want = []
-    for p in work:
-        ids = torch.tensor([p], device=device)
-        out = loaded.model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        want.append(out[0, len(p) :].tolist())
-    _, _, _, got = bench.run_engine("paged", loaded, bench.requests(work, new, True))
+    want = [hf_greedy(loaded, p, new) for p in work]
+    _, _, _, got = bench.run_engine("paged", loaded, bench.requests(work, new, True), **engine)
     return sum(g == w for g, w in zip(got, want, strict=True)), rows
 
 
@@ -138,6 +150,37 @@ def roofline(loaded: LoadedModel, rows: int, ctx: float, args) -> dict:
     }
 
 
+# decode measured on each CUDA path: (name, environment, engine settings)
+DECODE_PATHS = [
+    ("triton + cuda graphs", {}, {}),
+    ("triton, eager", {}, {"cuda_graphs": False}),
+    ("torch gather + SDPA", {"JOBRUNNER_TRITON": "0"}, {}),
+]
+
+
+@contextlib.contextmanager
+def patched_env(env: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def decode_tok_s(loaded: LoadedModel, work: list[list[int]], args, **engine) -> float:
+    """Decode tokens/s: a run generating --decode-new tokens a row, minus a prefill-only run."""
+    limits = dict(max_num_seqs=args.decode_rows, max_batch_tokens=8192, **engine)
+    _, prefill_s, _, _ = bench.run_engine("paged", loaded, bench.requests(work, 1, True), **limits)
+    full = bench.requests(work, args.decode_new, True)
+    tokens, seconds, _, _ = bench.run_engine("paged", loaded, full, **limits)
+    return (tokens - args.decode_rows) / max(seconds - prefill_s, 1e-9)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
@@ -157,13 +200,17 @@ def main() -> None:
     args = ap.parse_args()
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    same, n = exactness(device, args.check_rows)
-    print(f"exact   float32 greedy equal to HF generate on {same} of {n} rows (tiny model)")
+    exact = {}
+    for name, env, engine in DECODE_PATHS:
+        with patched_env(env):
+            same, n = exactness(device, args.check_rows, **engine)
+        exact[name] = f"{same}/{n}"
+        print(f"exact   {name:20s} float32 greedy equal to HF generate on {same} of {n} rows")
     t0 = time.perf_counter()
     loaded = build(args.shape, device, dtype)
     sync(device)
     out: dict = {"shape": args.shape, "dtype": args.dtype, "build_s": time.perf_counter() - t0}
-    out["float32_rows_equal_to_hf"] = f"{same}/{n}"
+    out["float32_rows_equal_to_hf"] = exact
     vocab = loaded.model.config.vocab_size
     lo, hi = map(int, args.prompt_tokens.split(","))
     work = prompts(args.rows, lo, hi, vocab, seed=0)
@@ -182,19 +229,17 @@ def main() -> None:
     out.update(hf_static_tok_s=static, paged_tok_s=paged, paged_vs_static=paged / best)
 
     short = prompts(args.decode_rows, args.decode_prompt, args.decode_prompt, vocab, seed=1)
-    limits = dict(max_num_seqs=args.decode_rows, max_batch_tokens=8192)
-    _, prefill_s, _, _ = bench.run_engine("paged", loaded, bench.requests(short, 1, True), **limits)
-    full = bench.requests(short, args.decode_new, True)
-    tokens, seconds, _, _ = bench.run_engine("paged", loaded, full, **limits)
-    decode = (tokens - args.decode_rows) / max(seconds - prefill_s, 1e-9)
     roof = roofline(loaded, args.decode_rows, args.decode_prompt + args.decode_new / 2, args)
-    out.update(decode_rows=args.decode_rows, decode_tok_s=decode, roofline=roof)
-    line = f"decode  {args.decode_rows} rows                    {decode:10.1f} tok/s"
-    if "bound_tok_s" in roof:
-        bound = roof["bound_tok_s"]
-        line += f"  {decode / bound:.0%} of the {roof['bound_by']} roofline ({bound:.0f} tok/s)"
-        out["decode_vs_roofline"] = decode / bound
-    print(line, flush=True)
+    out.update(decode_rows=args.decode_rows, roofline=roof, decode_tok_s={})
+    for name, env, engine in DECODE_PATHS:
+        with patched_env(env):
+            decode = decode_tok_s(loaded, short, args, **engine)
+        out["decode_tok_s"][name] = decode
+        line = f"decode  {args.decode_rows} rows, {name:20s} {decode:10.1f} tok/s"
+        if "bound_tok_s" in roof:
+            bound = roof["bound_tok_s"]
+            line += f"  {decode / bound:.0%} of the {roof['bound_by']} roofline ({bound:.0f} tok/s)"
+        print(line, flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2, default=str))
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, as one command for a lent GPU machine (15 minutes of device time a session):
-# the CUDA tests that need no weights, then scripts/bench_gpu.py (Llama-3-8B-shaped, random
+# the CUDA tests that need no weights (the Triton kernel and the engine on it, CUDA graphs
+# included), then scripts/bench_gpu.py (Llama-3-8B-shaped, random
 # bfloat16 weights). Results land in $OUT: gpu.txt, tests.log, bench.log, bench_gpu.json.
 #
 #   here, first:    bash scripts/gpu_check.sh --fetch-wheels   (into .whl/, git-ignored)
@@ -29,6 +30,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_prefill_kernel.py \
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+  2>&1 | tee -a "$OUT/gpu.txt"
+# the Triton kernel compiled (bfloat16 included) and the engine on it against HF generate,
+# with and without CUDA graphs; then the scheduler and block manager
+timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
   tests/test_block_manager.py tests/test_scheduler.py 2>&1 | tee "$OUT/tests.log"
-timeout 420 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench.log"
+timeout 360 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench.log"
