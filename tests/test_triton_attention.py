@@ -1,7 +1,8 @@
 """The Triton paged attention kernel (engine/paged/triton_attention.py) against plain attention.
 
 Without CUDA it runs under Triton's interpreter on CPU tensors, so the kernel's indexing, masks
-and online softmax are checked on every machine; with CUDA, compiled, on the GPU."""
+and online softmax are checked on every machine, and it is compiled ahead of time for sm_80, sm_86
+and sm_90; with CUDA it runs compiled, on the GPU."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def run_step(work, num_decode, nh, nkv, hd, bs, dtype, cache_dtype, seed=0):
         [past + n for past, n in work],
         num_decode,
         nh // nkv,
+        dtype,
         DEVICE,
     )
     scale = hd**-0.5
@@ -103,10 +105,17 @@ def test_16_bit_queries_and_caches(dtype, cache_dtype, tol):
 
 
 def test_prefill_tiles_cover_every_new_token_once_most_keys_first():
-    per_tile = triton_attention.prefill_tokens(3)  # 3 heads pad to 4: 16 tokens a tile
-    assert per_tile == 16
+    per_tile = triton_attention.prefill_tokens(3, torch.bfloat16)  # heads pad to 4: 16 tokens
+    assert per_tile == 16 and triton_attention.prefill_tokens(3, torch.float32) == 8
     b = triton_attention.build_batch(
-        [[0], [1, 2], [3, 4, 5]], [0, 1, 21], [1, 20, 33], [9, 20, 40], 1, 3, torch.device("cpu")
+        [[0], [1, 2], [3, 4, 5]],
+        [0, 1, 21],
+        [1, 20, 33],
+        [9, 20, 40],
+        1,
+        3,
+        torch.bfloat16,
+        torch.device("cpu"),
     )
     tiles = list(zip(b.tile_seg.tolist(), b.tile_q0.tolist(), strict=True))
     assert sorted(tiles) == [(1, 0), (1, 16), (2, 0), (2, 16), (2, 32)]  # not the decode row
@@ -222,3 +231,64 @@ def test_the_start_up_check_passes_here_and_a_failing_kernel_or_capture_costs_a_
     engine = PagedEngine(loaded, cfg)
     assert engine.runner.triton and engine.runner.graphs is None
     assert "decode runs eagerly" in caplog.text
+
+
+# the shared memory one block may use: sm_86 / sm_89 (the smallest), sm_80, sm_90
+SHARED_LIMIT = {86: 99 << 10, 80: 163 << 10, 90: 227 << 10}
+# (dtype, decode, query heads per KV head, head_dim): Llama-3-8B's and SmolLM2's layouts, MHA
+LAUNCHES = [
+    (torch.bfloat16, True, 4, 128),
+    (torch.bfloat16, False, 4, 128),
+    (torch.float32, True, 4, 128),
+    (torch.float32, False, 4, 128),
+    (torch.float16, False, 3, 64),
+    (torch.float32, False, 1, 80),
+]
+
+
+COMPILE = """
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from jobrunner.engine.paged import triton_attention, triton_kernel
+
+fn = triton_kernel.paged_attention_kernel
+for dtype, decode, group, hd, arch in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dtype)
+    elem = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
+    tokens = triton_attention.prefill_tokens(group, dtype)
+    consts = triton_attention.constants(dtype, group, hd, decode, tokens)
+    names = fn.arg_names
+    signature = {n: elem for n in names[:4]}
+    signature |= {n: "*i32" for n in names[4:10]}
+    signature |= {n: "fp32" if n == "scale" else "i32" for n in names[10:20]}
+    signature |= {n: "constexpr" for n in consts}
+    assert list(signature) == names, names
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    out = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+    print(json.dumps({"shared": out.metadata.shared, "cubin": len(out.asm["cubin"])}))
+"""
+
+
+def test_the_kernel_compiles_for_gpus_within_their_shared_memory():
+    """Ahead of time, with the ptxas Triton ships (no GPU needed): a kernel only the interpreter
+    ever ran could still fail to compile for a real GPU. Exactly the launches' compile-time
+    parameters; in a subprocess, as the interpreter patches Triton's language in this one."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    work = [
+        [str(dtype).removeprefix("torch."), decode, group, hd, arch]
+        for dtype, decode, group, hd in LAUNCHES
+        for arch in SHARED_LIMIT
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE, json.dumps(work)], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line) for line in run.stdout.strip().splitlines()]
+    assert len(results) == len(work)
+    for w, got in zip(work, results, strict=True):
+        assert got["cubin"] > 0 and got["shared"] <= SHARED_LIMIT[w[-1]], (w, got)

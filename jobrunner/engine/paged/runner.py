@@ -53,7 +53,8 @@ class ModelRunner:
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
         # CUDA: every row through the Triton kernel; CPU: native kernels; else gather + SDPA
-        self.triton = self._triton_usable(model, kv.layers[0][0], device)
+        self.dtype = next(model.hf.parameters()).dtype  # the compute dtype
+        self.triton = self._triton_usable(model, kv.layers[0][0], device, self.dtype)
         self.decode_kernel = not self.triton and cpu_kernels.supports(kv.layers[0][0])
         # prefill chunks read their context and themselves from the cache too (else SDPA)
         self.prefill_kernel = self.decode_kernel and cpu_kernels.prefill_supported(
@@ -76,11 +77,10 @@ class ModelRunner:
         return graphs
 
     @staticmethod
-    def _triton_usable(model: PagedCausalLM, cache, device: torch.device) -> bool:
+    def _triton_usable(model: PagedCausalLM, cache, device: torch.device, dtype) -> bool:
         heads = (model.num_heads, model.num_kv_heads, model.head_dim)
         if not (triton_attention.wanted(device) and triton_attention.supports(cache, *heads)):
             return False
-        dtype = next(model.hf.parameters()).dtype
         why = triton_attention.self_check(device, dtype, cache.dtype, *heads)
         if why:
             log.warning("Triton attention failed its start-up check (%s): torch path", why)
@@ -180,7 +180,7 @@ class ModelRunner:
         q_len = [batch.num_new_tokens[i] for i in rows]
         group = self.model.num_heads // self.model.num_kv_heads
         return triton_attention.build_batch(
-            tables, q_start, q_len, ctx, num_decode, group, self.device
+            tables, q_start, q_len, ctx, num_decode, group, self.dtype, self.device
         )
 
     def _decode_groups(self, batch: ScheduledBatch, rows: list[int]) -> list[DecodeGroup]:

@@ -23,6 +23,9 @@ MAX_HEAD_DIM = 256
 PREFILL_ROWS = 64  # query rows (tokens x padded group) per prefill tile
 DECODE_ROWS = 16  # tl.dot's smallest M: a decode tile pads its G query heads up to this
 BLOCK_N = 64  # keys per inner step
+# float32 (the exact mode) stages twice the bytes: half the tile and keys keep a prefill program
+# under 99 KiB of shared memory (the most an sm_86/sm_89 block has), head_dim 128 included
+FLOAT32_PREFILL_ROWS, FLOAT32_BLOCK_N = 32, 32
 
 
 @dataclass
@@ -36,6 +39,7 @@ class TritonBatch:
     num_decode: int  # sequences 0..num_decode-1 have one new token each
     tile_seg: torch.Tensor | None = None  # (tiles,) prefill tiles: sequence index
     tile_q0: torch.Tensor | None = None  # (tiles,) first new token of the tile
+    tile_tokens: int = 1  # new tokens per prefill tile (prefill_tokens)
 
 
 @cache
@@ -71,9 +75,10 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def prefill_tokens(group: int) -> int:
+def prefill_tokens(group: int, dtype: torch.dtype) -> int:
     """New tokens per prefill tile: PREFILL_ROWS query rows of `group` (padded) heads each."""
-    return max(1, PREFILL_ROWS // _pow2(group))
+    rows = FLOAT32_PREFILL_ROWS if dtype == torch.float32 else PREFILL_ROWS
+    return max(1, rows // _pow2(group))
 
 
 def build_batch(
@@ -83,11 +88,12 @@ def build_batch(
     ctx: list[int],
     num_decode: int,
     group: int,
+    dtype: torch.dtype,  # the queries' (the model's compute dtype)
     device: torch.device,
 ) -> TritonBatch:
     """The tensors for a step; prefill tiles ordered by their keys, the most first."""
     width = max(map(len, tables), default=1)
-    per_tile = prefill_tokens(group)
+    per_tile = prefill_tokens(group, dtype)
     tiles = [(s, q0) for s in range(num_decode, len(tables)) for q0 in range(0, q_len[s], per_tile)]
     tiles.sort(key=lambda t: -(ctx[t[0]] - q_len[t[0]] + t[1]))
 
@@ -102,6 +108,7 @@ def build_batch(
         num_decode,
         ints([s for s, _ in tiles]),
         ints([q0 for _, q0 in tiles]),
+        per_tile,
     )
 
 
@@ -120,21 +127,33 @@ def attend(
     return out
 
 
-def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode: bool) -> None:
-    from jobrunner.engine.paged.triton_kernel import paged_attention_kernel
-
-    nh, hd = q.shape[1], q.shape[2]
-    nkv = k_cache.shape[0]
-    group = nh // nkv
+def constants(dtype: torch.dtype, group: int, hd: int, decode: bool, tile_tokens: int) -> dict:
+    """The kernel's compile-time parameters for one launch."""
     if decode:  # one token: its query heads padded up to tl.dot's smallest M
         g_pad, tokens = max(DECODE_ROWS, _pow2(group)), 1
     else:
-        g_pad, tokens = _pow2(group), prefill_tokens(group)
+        g_pad, tokens = _pow2(group), tile_tokens
+    return dict(
+        G=group,
+        G_PAD=g_pad,
+        BLOCK_Q=tokens,
+        BLOCK_N=FLOAT32_BLOCK_N if dtype == torch.float32 else BLOCK_N,
+        HD=hd,
+        HD_PAD=max(16, _pow2(hd)),
+        DECODE=decode,
+        PRECISION="ieee" if dtype == torch.float32 else "tf32",
+    )
+
+
+def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode: bool) -> None:
+    from jobrunner.engine.paged.triton_kernel import paged_attention_kernel
+
     assert v_cache.stride() == k_cache.stride()
     q = q if q.stride(2) == 1 else q.contiguous()
     tile_seg = b.q_start if decode else b.tile_seg  # unread by decode launches
     tile_q0 = b.q_start if decode else b.tile_q0
-    paged_attention_kernel[(tiles, nkv)](
+    group = q.shape[1] // k_cache.shape[0]
+    paged_attention_kernel[(tiles, k_cache.shape[0])](
         q,
         k_cache,
         v_cache,
@@ -155,14 +174,7 @@ def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode:
         k_cache.stride(1),
         k_cache.stride(2),
         b.tables.stride(0),
-        G=group,
-        G_PAD=g_pad,
-        BLOCK_Q=tokens,
-        BLOCK_N=BLOCK_N,
-        HD=hd,
-        HD_PAD=max(16, _pow2(hd)),
-        DECODE=decode,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **constants(q.dtype, group, q.shape[2], decode, b.tile_tokens),
     )
 
 
@@ -179,7 +191,7 @@ def self_check(
     # one decode row over 40 positions (blocks 2, 0, 3), one 20-token chunk behind 10 (1, 2)
     tables, q_len, ctx = [[2, 0, 3], [1, 2]], [1, 20], [40, 30]
     q = torch.randn(21, nh, hd, generator=g).to(device, dtype)
-    batch = build_batch(tables, [0, 1], q_len, ctx, 1, nh // nkv, device)
+    batch = build_batch(tables, [0, 1], q_len, ctx, 1, nh // nkv, dtype, device)
     try:
         got = attend(q, k_cache, v_cache, batch, hd**-0.5).float()
     except Exception as e:  # compile or launch failure
