@@ -46,7 +46,9 @@ class CudaGraph:
             fn()  # Triton compiles and the allocator warms up outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: the reader and writer threads never touch CUDA, but a capture must not
+        # fail on what another thread does
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.out = fn()
 
     def __call__(self) -> torch.Tensor:
