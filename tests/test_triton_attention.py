@@ -48,8 +48,7 @@ def run_step(work, num_decode, nh, nkv, hd, bs, dtype, cache_dtype, seed=0):
         [n for _, n in work],
         [past + n for past, n in work],
         num_decode,
-        nh // nkv,
-        dtype,
+        triton_attention.prefill_tokens(nh // nkv, dtype, hd),
         DEVICE,
     )
     scale = hd**-0.5
@@ -105,17 +104,12 @@ def test_16_bit_queries_and_caches(dtype, cache_dtype, tol):
 
 
 def test_prefill_tiles_cover_every_new_token_once_most_keys_first():
-    per_tile = triton_attention.prefill_tokens(3, torch.bfloat16)  # heads pad to 4: 16 tokens
-    assert per_tile == 16 and triton_attention.prefill_tokens(3, torch.float32) == 8
+    per_tile = triton_attention.prefill_tokens(3, torch.bfloat16, 128)  # 3 heads pad to 4
+    assert per_tile == 16
+    assert triton_attention.prefill_tokens(3, torch.float32, 128) == 8  # wider elements
+    assert triton_attention.prefill_tokens(3, torch.float32, 256) == 4  # and wider rows
     b = triton_attention.build_batch(
-        [[0], [1, 2], [3, 4, 5]],
-        [0, 1, 21],
-        [1, 20, 33],
-        [9, 20, 40],
-        1,
-        3,
-        torch.bfloat16,
-        torch.device("cpu"),
+        [[0], [1, 2], [3, 4, 5]], [0, 1, 21], [1, 20, 33], [9, 20, 40], 1, 16, torch.device("cpu")
     )
     tiles = list(zip(b.tile_seg.tolist(), b.tile_q0.tolist(), strict=True))
     assert sorted(tiles) == [(1, 0), (1, 16), (2, 0), (2, 16), (2, 32)]  # not the decode row
@@ -214,6 +208,11 @@ def test_the_start_up_check_passes_here_and_a_failing_kernel_or_capture_costs_a_
     from jobrunner.engine.paged import PagedEngine, cuda_graphs
 
     assert triton_attention.self_check(DEVICE, torch.float32, torch.float32, 6, 2, 64) is None
+    with monkeypatch.context() as m:  # NaN compares as no error at all unless checked first
+        m.setattr(triton_attention, "attend", lambda q, *a: torch.full_like(q, float("nan")))
+        assert triton_attention.self_check(DEVICE, torch.float32, torch.float32, 6, 2, 64) == (
+            "non-finite output"
+        )
     monkeypatch.setenv("JOBRUNNER_TRITON", "1")
     loaded = bench_gpu.sharpened_tiny(DEVICE)
     cfg = JobConfig()
@@ -243,6 +242,8 @@ LAUNCHES = [
     (torch.float32, False, 4, 128),
     (torch.float16, False, 3, 64),
     (torch.float32, False, 1, 80),
+    (torch.bfloat16, False, 8, 256),
+    (torch.float32, False, 2, 256),
 ]
 
 
@@ -256,7 +257,7 @@ fn = triton_kernel.paged_attention_kernel
 for dtype, decode, group, hd, arch in json.loads(sys.argv[1]):
     dtype = getattr(torch, dtype)
     elem = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
-    tokens = triton_attention.prefill_tokens(group, dtype)
+    tokens = triton_attention.prefill_tokens(group, dtype, hd)
     consts = triton_attention.constants(dtype, group, hd, decode, tokens)
     names = fn.arg_names
     signature = {n: elem for n in names[:4]}
@@ -264,7 +265,11 @@ for dtype, decode, group, hd, arch in json.loads(sys.argv[1]):
     signature |= {n: "fp32" if n == "scale" else "i32" for n in names[10:20]}
     signature |= {n: "constexpr" for n in consts}
     assert list(signature) == names, names
-    src = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    # as a real launch specialises them: aligned pointers, strides and block size divisible by 16
+    # (loads vectorise and stage through shared memory asynchronously, which needs more of it)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names[:20]) if n != "scale"}
+    aligned.pop((names.index("stride_tab"),))  # a table's width is any number of blocks
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
     out = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
     print(json.dumps({"shared": out.metadata.shared, "cubin": len(out.asm["cubin"])}))
 """

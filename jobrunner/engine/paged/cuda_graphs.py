@@ -81,6 +81,10 @@ class DecodeGraphs:
         self.q_start = torch.arange(n, dtype=torch.int32, device=device)
         self.q_len = torch.ones(n, dtype=torch.int32, device=device)
         self.rows = torch.arange(n, device=device)
+        head = model.hf.lm_head
+        vocab = getattr(head, "out_features", None) or model.hf.config.vocab_size
+        # every graph writes its logits here: one (rows, vocab) buffer, not one per size
+        self.logits = torch.empty(n, vocab, dtype=torch.float32, device=device)
         self.graphs: dict[int, Callable[[], torch.Tensor]] = {}
 
     @property
@@ -106,12 +110,15 @@ class DecodeGraphs:
             self.tables[:size], self.q_start[:size], self.q_len[:size], self.ctx[:size], size
         )
         meta = AttentionMetadata(self.slots[:size], triton=batch)
-        return self.model.forward(
+        logits = self.model.forward(
             self.ids[:size], self.pos[:size], meta, self.kv.layers, self.rows[:size]
         )
+        return self.logits[:size].copy_(logits)
 
     def run(self, ids, positions, slots, batch: TritonBatch) -> torch.Tensor:  # (n, vocab)
-        """A decode-only step of n <= max_rows rows (tensors as the runner built them)."""
+        """A decode-only step of n <= max_rows rows (tensors as the runner built them). The
+        logits are a view of the shared buffer: valid until the next replay, so they must be
+        consumed (sampled) before the next step runs."""
         n = ids.shape[0]
         size = next(s for s in self.sizes if s >= n)
         self.ids[:n].copy_(ids)

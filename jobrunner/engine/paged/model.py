@@ -72,6 +72,7 @@ class PagedCausalLM:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
+        self.dtype = hf_model.dtype  # the compute dtype: its first floating-point parameter's
         self.cos, self.sin = self._rope_table(hf_model, max_model_len)  # (max_len, hd)
         self.rope_kernel = cpu_kernels.rope_supported(self.cos.dtype, self.cos.device)
         self.qkv = [

@@ -53,8 +53,13 @@ class ModelRunner:
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
         # CUDA: every row through the Triton kernel; CPU: native kernels; else gather + SDPA
-        self.dtype = next(model.hf.parameters()).dtype  # the compute dtype
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # Triton and graph capture use the current device
+        self.dtype = model.dtype
         self.triton = self._triton_usable(model, kv.layers[0][0], device, self.dtype)
+        self.tile_tokens = triton_attention.prefill_tokens(  # prefill tile size of the kernel
+            model.num_heads // model.num_kv_heads, self.dtype, model.head_dim
+        )
         self.decode_kernel = not self.triton and cpu_kernels.supports(kv.layers[0][0])
         # prefill chunks read their context and themselves from the cache too (else SDPA)
         self.prefill_kernel = self.decode_kernel and cpu_kernels.prefill_supported(
@@ -70,6 +75,8 @@ class ModelRunner:
         try:
             graphs.capture()
         except Exception as e:  # e.g. a quantized layer that syncs with the host
+            if self.device.type == "cuda":  # a failed capture can leave its stream current
+                torch.cuda.set_stream(torch.cuda.default_stream(self.device))
             log.warning(
                 "CUDA graph capture failed (%s: %s): decode runs eagerly", type(e).__name__, e
             )
@@ -178,9 +185,8 @@ class ModelRunner:
         ctx = [batch.start_positions[i] + batch.num_new_tokens[i] for i in rows]
         tables = [batch.seqs[i].block_table[: -(-L // bs)] for i, L in zip(rows, ctx, strict=True)]
         q_len = [batch.num_new_tokens[i] for i in rows]
-        group = self.model.num_heads // self.model.num_kv_heads
         return triton_attention.build_batch(
-            tables, q_start, q_len, ctx, num_decode, group, self.dtype, self.device
+            tables, q_start, q_len, ctx, num_decode, self.tile_tokens, self.device
         )
 
     def _decode_groups(self, batch: ScheduledBatch, rows: list[int]) -> list[DecodeGroup]:

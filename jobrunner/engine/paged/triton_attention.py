@@ -23,9 +23,9 @@ MAX_HEAD_DIM = 256
 PREFILL_ROWS = 64  # query rows (tokens x padded group) per prefill tile
 DECODE_ROWS = 16  # tl.dot's smallest M: a decode tile pads its G query heads up to this
 BLOCK_N = 64  # keys per inner step
-# float32 (the exact mode) stages twice the bytes: half the tile and keys keep a prefill program
-# under 99 KiB of shared memory (the most an sm_86/sm_89 block has), head_dim 128 included
-FLOAT32_PREFILL_ROWS, FLOAT32_BLOCK_N = 32, 32
+# A program stages its query tile and a step of keys and values in shared memory. Wider elements
+# (float32, the exact mode) or rows (head_dim over 128) each halve the prefill tile and the key
+# step, which keeps every program under 99 KiB (the most an sm_86 / sm_89 block has).
 
 
 @dataclass
@@ -75,10 +75,14 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def prefill_tokens(group: int, dtype: torch.dtype) -> int:
-    """New tokens per prefill tile: PREFILL_ROWS query rows of `group` (padded) heads each."""
-    rows = FLOAT32_PREFILL_ROWS if dtype == torch.float32 else PREFILL_ROWS
-    return max(1, rows // _pow2(group))
+def _halvings(dtype: torch.dtype, hd: int) -> int:
+    return int(dtype == torch.float32) + int(hd > 128)
+
+
+def prefill_tokens(group: int, dtype: torch.dtype, hd: int) -> int:
+    """New tokens per prefill tile: PREFILL_ROWS query rows (fewer for wide elements or rows)
+    of `group` (padded) heads each."""
+    return max(1, (PREFILL_ROWS >> _halvings(dtype, hd)) // _pow2(group))
 
 
 def build_batch(
@@ -87,14 +91,14 @@ def build_batch(
     q_len: list[int],
     ctx: list[int],
     num_decode: int,
-    group: int,
-    dtype: torch.dtype,  # the queries' (the model's compute dtype)
+    tile_tokens: int,  # prefill_tokens(...)
     device: torch.device,
 ) -> TritonBatch:
     """The tensors for a step; prefill tiles ordered by their keys, the most first."""
     width = max(map(len, tables), default=1)
-    per_tile = prefill_tokens(group, dtype)
-    tiles = [(s, q0) for s in range(num_decode, len(tables)) for q0 in range(0, q_len[s], per_tile)]
+    tiles = [
+        (s, q0) for s in range(num_decode, len(tables)) for q0 in range(0, q_len[s], tile_tokens)
+    ]
     tiles.sort(key=lambda t: -(ctx[t[0]] - q_len[t[0]] + t[1]))
 
     def ints(values) -> torch.Tensor:
@@ -108,7 +112,7 @@ def build_batch(
         num_decode,
         ints([s for s, _ in tiles]),
         ints([q0 for _, q0 in tiles]),
-        per_tile,
+        tile_tokens,
     )
 
 
@@ -119,7 +123,8 @@ def attend(
     batch: TritonBatch,
     scale: float,
 ) -> torch.Tensor:  # (T, nh, hd)
-    out = torch.empty_like(q)
+    q = q if q.stride(2) == 1 else q.contiguous()
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch.num_decode:
         _launch(q, k_cache, v_cache, out, batch, scale, batch.num_decode, decode=True)
     if batch.tile_seg is not None and batch.tile_seg.numel():
@@ -137,7 +142,7 @@ def constants(dtype: torch.dtype, group: int, hd: int, decode: bool, tile_tokens
         G=group,
         G_PAD=g_pad,
         BLOCK_Q=tokens,
-        BLOCK_N=FLOAT32_BLOCK_N if dtype == torch.float32 else BLOCK_N,
+        BLOCK_N=max(16, BLOCK_N >> _halvings(dtype, hd)),
         HD=hd,
         HD_PAD=max(16, _pow2(hd)),
         DECODE=decode,
@@ -148,8 +153,7 @@ def constants(dtype: torch.dtype, group: int, hd: int, decode: bool, tile_tokens
 def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode: bool) -> None:
     from jobrunner.engine.paged.triton_kernel import paged_attention_kernel
 
-    assert v_cache.stride() == k_cache.stride()
-    q = q if q.stride(2) == 1 else q.contiguous()
+    assert v_cache.stride() == k_cache.stride() and q.stride(2) == out.stride(2) == 1
     tile_seg = b.q_start if decode else b.tile_seg  # unread by decode launches
     tile_q0 = b.q_start if decode else b.tile_q0
     group = q.shape[1] // k_cache.shape[0]
@@ -175,6 +179,7 @@ def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode:
         k_cache.stride(2),
         b.tables.stride(0),
         **constants(q.dtype, group, q.shape[2], decode, b.tile_tokens),
+        enable_fp_fusion=True,  # explicit: Triton 3.9 warns that its default will change
     )
 
 
@@ -183,7 +188,8 @@ def self_check(
 ) -> str | None:
     """Run the kernel once on a small mixed step against plain attention on the device: None
     when it agrees, else why not (the runner then keeps the torch path). A kernel that fails to
-    compile, or miscomputes on a GPU the tests never ran on, costs a log line, not the job."""
+    compile or miscomputes on a GPU the tests never ran on costs a log line, not the job (a fault
+    that leaves the CUDA context unusable still ends it)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     bs, blocks = 16, 4
     k_cache = torch.randn(nkv, blocks, bs, hd, generator=g).to(device, cache_dtype)
@@ -191,11 +197,16 @@ def self_check(
     # one decode row over 40 positions (blocks 2, 0, 3), one 20-token chunk behind 10 (1, 2)
     tables, q_len, ctx = [[2, 0, 3], [1, 2]], [1, 20], [40, 30]
     q = torch.randn(21, nh, hd, generator=g).to(device, dtype)
-    batch = build_batch(tables, [0, 1], q_len, ctx, 1, nh // nkv, dtype, device)
+    tokens = prefill_tokens(nh // nkv, dtype, hd)
+    batch = build_batch(tables, [0, 1], q_len, ctx, 1, tokens, device)
     try:
         got = attend(q, k_cache, v_cache, batch, hd**-0.5).float()
-    except Exception as e:  # compile or launch failure
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # a fault while running surfaces here, not later
+    except Exception as e:  # compile, launch or run failure
         return f"{type(e).__name__}: {e}"
+    if not torch.isfinite(got).all():
+        return "non-finite output"
     worst = 0.0
     for table, start, n, L in zip(tables, [0, 1], q_len, ctx, strict=True):
         k = k_cache[:, table].reshape(nkv, -1, hd)[:, :L].float().repeat_interleave(nh // nkv, 0)
