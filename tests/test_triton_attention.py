@@ -1,7 +1,7 @@
 """The Triton paged attention kernel (engine/paged/triton_attention.py) against plain attention.
 
 Without CUDA it runs under Triton's interpreter on CPU tensors, so the kernel's indexing, masks
-and online softmax are checked on every machine, and it is compiled ahead of time for sm_80, sm_86
+and online softmax are checked on every machine, and it is compiled ahead of time for sm_86, sm_89
 and sm_90; with CUDA it runs compiled, on the GPU."""
 
 from __future__ import annotations
@@ -27,14 +27,27 @@ DECODES = [(0, 1), (15, 1), (16, 1), (70, 1), (130, 1)]
 CHUNKS = [(0, 1), (0, 17), (0, 70), (37, 50), (64, 3), (130, 30)]
 
 
-def run_step(work, num_decode, nh, nkv, hd, bs, dtype, cache_dtype, seed=0):
+def cache_like(kind, shape, dtype, g):
+    """A cache of `kind` (a torch dtype, or an 8-bit format name) holding random values, and the
+    values it holds as the kernel should read them (dequantized), on DEVICE."""
+    from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
+
+    values = torch.randn(*shape, generator=g)
+    if isinstance(kind, str):
+        example = QuantizedKV(KV_FORMATS[kind], (1, 1, 1, 1), dtype, "cpu")
+    else:
+        example = torch.empty(0, dtype=kind)
+    return triton_attention.like(example, values, dtype, DEVICE)
+
+
+def run_step(work, num_decode, nh, nkv, hd, bs, dtype, cache_kind, seed=0):
     """Attend one step over scattered blocks, the first `num_decode` sequences as decode rows;
     yields ((past, n), got, want) per sequence."""
     g = torch.Generator().manual_seed(seed)
     blocks_needed = [-(-(past + n) // bs) for past, n in work]
     total = sum(blocks_needed) + 5
-    k_cache = torch.randn(nkv, total, bs, hd, generator=g).to(cache_dtype)
-    v_cache = torch.randn(nkv, total, bs, hd, generator=g).to(cache_dtype)
+    k_cache, k_seen = cache_like(cache_kind, (nkv, total, bs, hd), dtype, g)
+    v_cache, v_seen = cache_like(cache_kind, (nkv, total, bs, hd), dtype, g)
     free = torch.randperm(total, generator=g).tolist()
     tables, q_start, row = [], [], 0
     for nb, (_, n) in zip(blocks_needed, work, strict=True):
@@ -52,13 +65,10 @@ def run_step(work, num_decode, nh, nkv, hd, bs, dtype, cache_dtype, seed=0):
         DEVICE,
     )
     scale = hd**-0.5
-    out = triton_attention.attend(
-        q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), batch, scale
-    ).cpu()
+    out = triton_attention.attend(q.to(DEVICE), k_cache, v_cache, batch, scale).cpu()
+    k_seen, v_seen = k_seen.float().cpu(), v_seen.float().cpu()
     for (past, n), table, start in zip(work, tables, q_start, strict=True):
-        want = reference_prefill(
-            q[start : start + n].float(), k_cache.float(), v_cache.float(), table, past, scale
-        )
+        want = reference_prefill(q[start : start + n].float(), k_seen, v_seen, table, past, scale)
         yield (past, n), out[start : start + n], want
 
 
@@ -103,6 +113,15 @@ def test_16_bit_queries_and_caches(dtype, cache_dtype, tol):
         torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=f"{past} {n}")
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float16, 4e-3)])
+def test_8_bit_caches_are_read_as_codes_times_their_row_scale(fmt, dtype, tol):
+    """As the torch path dequantizes them (QuantizedKV.gather)."""
+    work = DECODES[:3] + CHUNKS[2:4]
+    for (past, n), got, want in run_step(work, 3, 6, 2, 64, 16, dtype, fmt, seed=2):
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=f"{past} {n}")
+
+
 def test_prefill_tiles_cover_every_new_token_once_most_keys_first():
     per_tile = triton_attention.prefill_tokens(3, torch.bfloat16, 128)  # 3 heads pad to 4
     assert per_tile == 16
@@ -118,15 +137,17 @@ def test_prefill_tiles_cover_every_new_token_once_most_keys_first():
     assert b.tables.tolist() == [[0, 0, 0], [1, 2, 0], [3, 4, 5]]
 
 
-def test_layouts_and_caches_it_declines():
+def test_the_caches_and_layouts_it_reads_and_declines():
     from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
 
     cache = torch.zeros(2, 4, 16, 64, device=DEVICE)
     assert triton_attention.supports(cache, 6, 2, 64)
     assert not triton_attention.supports(cache, 6, 4, 64)  # heads not a multiple of KV heads
     assert not triton_attention.supports(cache[..., :1].expand(2, 4, 16, 300), 6, 2, 300)
-    quantized = QuantizedKV(KV_FORMATS["int8"], (2, 4, 16, 64), torch.float32, "cpu")
-    assert not triton_attention.supports(quantized, 6, 2, 64)
+    for fmt in ("int8", "fp8"):
+        quantized = QuantizedKV(KV_FORMATS[fmt], (2, 4, 16, 64), torch.float32, DEVICE)
+        assert triton_attention.supports(quantized, 6, 2, 64)
+    assert not triton_attention.supports(cache.to(torch.int32), 6, 2, 64)  # not a cache dtype
 
 
 # ---------------------------------------------------------------- the engine on this path
@@ -207,10 +228,11 @@ def test_the_start_up_check_passes_here_and_a_failing_kernel_or_capture_costs_a_
     from jobrunner.config import JobConfig
     from jobrunner.engine.paged import PagedEngine, cuda_graphs
 
-    assert triton_attention.self_check(DEVICE, torch.float32, torch.float32, 6, 2, 64) is None
+    plain = torch.empty(0)  # stands for a float32 cache: the check builds its own like it
+    assert triton_attention.self_check(DEVICE, torch.float32, plain, 6, 2, 64) is None
     with monkeypatch.context() as m:  # NaN compares as no error at all unless checked first
         m.setattr(triton_attention, "attend", lambda q, *a: torch.full_like(q, float("nan")))
-        assert triton_attention.self_check(DEVICE, torch.float32, torch.float32, 6, 2, 64) == (
+        assert triton_attention.self_check(DEVICE, torch.float32, plain, 6, 2, 64) == (
             "non-finite output"
         )
     monkeypatch.setenv("JOBRUNNER_TRITON", "1")
@@ -232,18 +254,24 @@ def test_the_start_up_check_passes_here_and_a_failing_kernel_or_capture_costs_a_
     assert "decode runs eagerly" in caplog.text
 
 
-# the shared memory one block may use: sm_86 / sm_89 (the smallest), sm_80, sm_90
-SHARED_LIMIT = {86: 99 << 10, 80: 163 << 10, 90: 227 << 10}
-# (dtype, decode, query heads per KV head, head_dim): Llama-3-8B's and SmolLM2's layouts, MHA
+# the shared memory one block may use: sm_86 and sm_89 (the least; sm_80 has 163 KiB), sm_90
+SHARED_LIMIT = {86: 99 << 10, 89: 99 << 10, 90: 227 << 10}
+# (dtype, decode, query heads per KV head, head_dim, CODES): Llama-3-8B's and SmolLM2's layouts,
+# MHA, wide heads, and 8-bit caches (compiled for sm_86 and sm_90; fp8 codes, which convert on
+# sm_89 or later only, for sm_89 and sm_90)
 LAUNCHES = [
-    (torch.bfloat16, True, 4, 128),
-    (torch.bfloat16, False, 4, 128),
-    (torch.float32, True, 4, 128),
-    (torch.float32, False, 4, 128),
-    (torch.float16, False, 3, 64),
-    (torch.float32, False, 1, 80),
-    (torch.bfloat16, False, 8, 256),
-    (torch.float32, False, 2, 256),
+    (torch.bfloat16, True, 4, 128, 0),
+    (torch.bfloat16, False, 4, 128, 0),
+    (torch.float32, True, 4, 128, 0),
+    (torch.float32, False, 4, 128, 0),
+    (torch.float16, False, 3, 64, 0),
+    (torch.float32, False, 1, 80, 0),
+    (torch.bfloat16, False, 8, 256, 0),
+    (torch.float32, False, 2, 256, 0),
+    (torch.bfloat16, True, 4, 128, 1),
+    (torch.bfloat16, False, 4, 128, 1),
+    (torch.float32, False, 4, 128, 1),
+    (torch.bfloat16, False, 4, 128, 2),
 ]
 
 
@@ -254,21 +282,32 @@ from triton.compiler import ASTSource
 from jobrunner.engine.paged import triton_attention, triton_kernel
 
 fn = triton_kernel.paged_attention_kernel
-for dtype, decode, group, hd, arch in json.loads(sys.argv[1]):
+for dtype, decode, group, hd, codes, arch in json.loads(sys.argv[1]):
     dtype = getattr(torch, dtype)
     elem = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     tokens = triton_attention.prefill_tokens(group, dtype, hd)
-    consts = triton_attention.constants(dtype, group, hd, decode, tokens)
-    names = fn.arg_names
-    signature = {n: elem for n in names[:4]}
-    signature |= {n: "*i32" for n in names[4:10]}
-    signature |= {n: "fp32" if n == "scale" else "i32" for n in names[10:20]}
-    signature |= {n: "constexpr" for n in consts}
-    assert list(signature) == names, names
+    consts = triton_attention.constants(dtype, group, hd, decode, tokens, codes)
+    cache = "*u8" if codes else elem
+    pointers = dict(Q=elem, Out=elem, K=cache, V=cache, K_scale="*fp16", V_scale="*fp16")
+    signature = {}
+    for n in fn.arg_names:
+        if n in consts:
+            signature[n] = "constexpr"
+        elif n in pointers:
+            signature[n] = pointers[n]
+        elif n.startswith(("tables", "seg_", "tile_")):
+            signature[n] = "*i32"
+        else:
+            signature[n] = "fp32" if n == "scale" else "i32"
     # as a real launch specialises them: aligned pointers, strides and block size divisible by 16
-    # (loads vectorise and stage through shared memory asynchronously, which needs more of it)
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names[:20]) if n != "scale"}
-    aligned.pop((names.index("stride_tab"),))  # a table's width is any number of blocks
+    # (loads vectorise and stage through shared memory asynchronously, which needs more of it).
+    # Not the scale, a table's width (any number of blocks) or the per-row scales' strides.
+    loose = ("scale", "stride_tab", "stride_sh", "stride_sb", "stride_ss")
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if signature[n] != "constexpr" and n not in loose
+    }
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
     out = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
     print(json.dumps({"shared": out.metadata.shared, "cubin": len(out.asm["cubin"])}))
@@ -285,9 +324,9 @@ def test_the_kernel_compiles_for_gpus_within_their_shared_memory():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     work = [
-        [str(dtype).removeprefix("torch."), decode, group, hd, arch]
-        for dtype, decode, group, hd in LAUNCHES
-        for arch in SHARED_LIMIT
+        [str(dtype).removeprefix("torch."), decode, group, hd, codes, arch]
+        for dtype, decode, group, hd, codes in LAUNCHES
+        for arch in ((89, 90) if codes == 2 else (86, 90))
     ]
     run = subprocess.run(
         [sys.executable, "-c", COMPILE, json.dumps(work)], env=env, capture_output=True, text=True
@@ -297,3 +336,31 @@ def test_the_kernel_compiles_for_gpus_within_their_shared_memory():
     assert len(results) == len(work)
     for w, got in zip(work, results, strict=True):
         assert got["cubin"] > 0 and got["shared"] <= SHARED_LIMIT[w[-1]], (w, got)
+
+
+def test_an_int8_cache_on_the_triton_path_gives_the_tokens_the_cpu_path_gives(
+    bench_gpu, monkeypatch
+):
+    """Both paths read the same codes times the same scales; only the order of the sums differs
+    (the tiny model's logits are sharpened, so that cannot move a token)."""
+    from jobrunner.config import JobConfig
+    from jobrunner.engine.paged import PagedEngine
+    from jobrunner.types import Request, SamplingParams
+
+    loaded = bench_gpu.sharpened_tiny(DEVICE)
+    work = bench_gpu.prompts(4, 20, 100, loaded.model.config.vocab_size, seed=4)
+    cfg = JobConfig()
+    cfg.engine.kv_cache_bytes = 2 << 20
+    cfg.model.kv_cache_dtype = "int8"
+    reqs = [
+        Request(str(i), ids, SamplingParams(max_new_tokens=12, ignore_eos=True))
+        for i, ids in enumerate(work)
+    ]
+    tokens = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("JOBRUNNER_TRITON", flag)
+        engine = PagedEngine(loaded, cfg)
+        assert engine.runner.triton == (flag == "1")
+        tokens[flag] = {r.id: r.token_ids for r in engine.generate(reqs)}
+    assert tokens["1"] == tokens["0"]
+    assert all(len(t) == 12 for t in tokens["1"].values())

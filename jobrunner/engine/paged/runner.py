@@ -88,7 +88,7 @@ class ModelRunner:
         heads = (model.num_heads, model.num_kv_heads, model.head_dim)
         if not (triton_attention.wanted(device) and triton_attention.supports(cache, *heads)):
             return False
-        why = triton_attention.self_check(device, dtype, cache.dtype, *heads)
+        why = triton_attention.self_check(device, dtype, cache, *heads)
         if why:
             log.warning("Triton attention failed its start-up check (%s): torch path", why)
         return why is None

@@ -3,8 +3,8 @@
 One launch attends every decode row (a tile per row, grid (rows, nkv)); a second attends every
 prompt chunk, split into tiles of new tokens, the tiles with the most keys first. Neither gathers
 the cache nor builds a mask, and the decode launch reads only fixed-shape tensors, so a CUDA graph
-can capture it (cuda_graphs.py). Plain float32, float16 and bfloat16 caches are read; the 8-bit
-formats keep the torch path.
+can capture it (cuda_graphs.py). float32, float16 and bfloat16 caches are read, and the 8-bit
+formats (int8, fp8: codes and a scale per row) dequantized as they load.
 
 With TRITON_INTERPRET=1 the same kernel runs on CPU tensors (slowly): that is how the tests check
 it without a GPU.
@@ -62,11 +62,26 @@ def wanted(device: torch.device) -> bool:
     return flag == "1" or (flag != "0" and device.type == "cuda")
 
 
-def supports(cache_tensor: object, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+CODES = {"int8": 1, "fp8": 2}  # 8-bit cache formats (engine/quant/kv.py) the kernel reads
+
+
+def _parts(cache) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(values or byte codes, per-row scales or None, the kernel's CODES) of a layer's cache: a
+    tensor, or a QuantizedKV (codes + scales)."""
+    if isinstance(cache, torch.Tensor):
+        return cache, None, 0
+    return cache.codes, cache.scales, CODES[cache.fmt.name]
+
+
+def supports(cache: object, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether the kernel can attend over this layer's cache for this head layout."""
-    if not isinstance(cache_tensor, torch.Tensor) or cache_tensor.dtype not in DTYPES:
+    if isinstance(cache, torch.Tensor):
+        if cache.dtype not in DTYPES:
+            return False
+    elif getattr(getattr(cache, "fmt", None), "name", None) not in CODES:
         return False
-    on_device = cache_tensor.device.type == "cuda" or interpreting()
+    values = _parts(cache)[0]
+    on_device = values.device.type == "cuda" or interpreting()
     fits = head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
     return on_device and fits and available()
 
@@ -132,7 +147,9 @@ def attend(
     return out
 
 
-def constants(dtype: torch.dtype, group: int, hd: int, decode: bool, tile_tokens: int) -> dict:
+def constants(
+    dtype: torch.dtype, group: int, hd: int, decode: bool, tile_tokens: int, codes: int = 0
+) -> dict:
     """The kernel's compile-time parameters for one launch."""
     if decode:  # one token: its query heads padded up to tl.dot's smallest M
         g_pad, tokens = max(DECODE_ROWS, _pow2(group)), 1
@@ -147,20 +164,28 @@ def constants(dtype: torch.dtype, group: int, hd: int, decode: bool, tile_tokens
         HD_PAD=max(16, _pow2(hd)),
         DECODE=decode,
         PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        CODES=codes,
     )
 
 
 def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode: bool) -> None:
     from jobrunner.engine.paged.triton_kernel import paged_attention_kernel
 
-    assert v_cache.stride() == k_cache.stride() and q.stride(2) == out.stride(2) == 1
+    k, k_scale, codes = _parts(k_cache)
+    v, v_scale, _ = _parts(v_cache)
+    assert v.stride() == k.stride() and q.stride(2) == out.stride(2) == 1
+    if k_scale is None:  # unread: any pointer will do
+        k_scale = v_scale = k
+    assert v_scale.stride() == k_scale.stride()
     tile_seg = b.q_start if decode else b.tile_seg  # unread by decode launches
     tile_q0 = b.q_start if decode else b.tile_q0
-    group = q.shape[1] // k_cache.shape[0]
-    paged_attention_kernel[(tiles, k_cache.shape[0])](
+    group = q.shape[1] // k.shape[0]
+    paged_attention_kernel[(tiles, k.shape[0])](
         q,
-        k_cache,
-        v_cache,
+        k,
+        v,
+        k_scale,
+        v_scale,
         out,
         b.tables,
         b.q_start,
@@ -169,38 +194,46 @@ def _launch(q, k_cache, v_cache, out, b: TritonBatch, scale, tiles: int, decode:
         tile_seg,
         tile_q0,
         scale,
-        k_cache.shape[2],
+        k.shape[2],
         q.stride(0),
         q.stride(1),
         out.stride(0),
         out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        k_scale.stride(2),
         b.tables.stride(0),
-        **constants(q.dtype, group, q.shape[2], decode, b.tile_tokens),
+        **constants(q.dtype, group, q.shape[2], decode, b.tile_tokens, codes),
         enable_fp_fusion=True,  # explicit: Triton 3.9 warns that its default will change
     )
 
 
 def self_check(
-    device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, nh: int, nkv: int, hd: int
+    device: torch.device, dtype: torch.dtype, cache, nh: int, nkv: int, hd: int
 ) -> str | None:
-    """Run the kernel once on a small mixed step against plain attention on the device: None
-    when it agrees, else why not (the runner then keeps the torch path). A kernel that fails to
-    compile or miscomputes on a GPU the tests never ran on costs a log line, not the job (a fault
-    that leaves the CUDA context unusable still ends it)."""
+    """Run the kernel once on a small mixed step, over caches of the same kind as `cache`,
+    against plain attention on the device: None when it agrees, else why not (the runner then
+    keeps the torch path). A kernel that fails to compile or miscomputes on a GPU the tests
+    never ran on costs a log line, not the job (a fault that leaves the CUDA context unusable
+    still ends it)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     bs, blocks = 16, 4
-    k_cache = torch.randn(nkv, blocks, bs, hd, generator=g).to(device, cache_dtype)
-    v_cache = torch.randn(nkv, blocks, bs, hd, generator=g).to(device, cache_dtype)
+    pair, dense = [], []
+    for _ in range(2):
+        values = torch.randn(nkv, blocks, bs, hd, generator=g)
+        made, seen = like(cache, values, dtype, device)
+        pair.append(made)
+        dense.append(seen.float())
     # one decode row over 40 positions (blocks 2, 0, 3), one 20-token chunk behind 10 (1, 2)
     tables, q_len, ctx = [[2, 0, 3], [1, 2]], [1, 20], [40, 30]
     q = torch.randn(21, nh, hd, generator=g).to(device, dtype)
     tokens = prefill_tokens(nh // nkv, dtype, hd)
     batch = build_batch(tables, [0, 1], q_len, ctx, 1, tokens, device)
     try:
-        got = attend(q, k_cache, v_cache, batch, hd**-0.5).float()
+        got = attend(q, *pair, batch, hd**-0.5).float()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # a fault while running surfaces here, not later
     except Exception as e:  # compile, launch or run failure
@@ -209,8 +242,8 @@ def self_check(
         return "non-finite output"
     worst = 0.0
     for table, start, n, L in zip(tables, [0, 1], q_len, ctx, strict=True):
-        k = k_cache[:, table].reshape(nkv, -1, hd)[:, :L].float().repeat_interleave(nh // nkv, 0)
-        v = v_cache[:, table].reshape(nkv, -1, hd)[:, :L].float().repeat_interleave(nh // nkv, 0)
+        k, v = (x[:, table].reshape(nkv, -1, hd)[:, :L] for x in dense)
+        k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
         s = q[start : start + n].float().transpose(0, 1) @ k.transpose(1, 2) * hd**-0.5
         future = (
             torch.arange(L, device=device)[None] > torch.arange(L - n, L, device=device)[:, None]
@@ -219,3 +252,17 @@ def self_check(
         worst = max(worst, (got[start : start + n] - want).abs().max().item())
     limit = 1e-4 if dtype == torch.float32 else 5e-2
     return None if worst <= limit else f"largest error {worst:.2e} against plain attention"
+
+
+def like(cache, values: torch.Tensor, dtype: torch.dtype, device: torch.device):
+    """`values` (nkv, blocks, bs, hd) stored as `cache` stores them: (the new cache, what the
+    kernel should read back, dequantized)."""
+    if isinstance(cache, torch.Tensor):
+        made = values.to(device, cache.dtype)
+        return made, made
+    made = type(cache)(cache.fmt, values.shape, dtype, device)
+    nkv, blocks, bs, hd = values.shape
+    slots = torch.arange(blocks * bs, device=device)
+    made.write(slots, values.to(device).view(nkv, -1, hd).transpose(0, 1))
+    seen = made.gather(torch.arange(blocks, device=device)).view(values.shape)
+    return made, seen

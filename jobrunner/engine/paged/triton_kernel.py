@@ -2,7 +2,8 @@
 
 One program attends one tile of a sequence's new tokens for one KV head: BLOCK_Q tokens times
 the G query heads that share the head, as the M = BLOCK_Q x G_PAD rows of one matrix, so GQA
-reads each K/V row once for all of its query heads. Keys stream in BLOCK_N positions at a time,
+reads each K/V row once for all of its query heads. An 8-bit cache (int8 or fp8 codes with a
+float16 scale per row) is dequantized as it loads. Keys stream in BLOCK_N positions at a time,
 each position's row found through the sequence's block table, with an online softmax; a key
 counts where it is before the context's end and not after the query's own position, so decode
 rows, prompt chunks and chunks behind cached context are one code path.
@@ -19,6 +20,8 @@ def paged_attention_kernel(
     Q,  # (T, nh, hd)
     K,  # (nkv, num_blocks, bs, hd); V has the same strides
     V,
+    K_scale,  # (nkv, num_blocks, bs, 1) float16 per-row scales of 8-bit codes (unread if CODES=0)
+    V_scale,
     Out,  # (T, nh, hd)
     tables,  # (S, W) int32: block ids of each sequence's context
     seg_q_start,  # (S,) int32: first token row of each sequence's new tokens
@@ -35,6 +38,9 @@ def paged_attention_kernel(
     stride_kh,
     stride_kb,
     stride_ks,
+    stride_sh,  # the scales' strides (head, block, slot)
+    stride_sb,
+    stride_ss,
     stride_tab,
     G: tl.constexpr,  # query heads per KV head
     G_PAD: tl.constexpr,  # G rounded up to a power of two
@@ -44,6 +50,7 @@ def paged_attention_kernel(
     HD_PAD: tl.constexpr,
     DECODE: tl.constexpr,  # one new token per sequence, tile i = sequence i
     PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps float32 exact
+    CODES: tl.constexpr,  # 0: K/V values; 1: int8 codes x scale; 2: fp8 (e4m3) codes x scale
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -84,8 +91,17 @@ def paged_attention_kernel(
         blk = tl.load(table + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
         row = head_base + blk * stride_kb + (pos % block_size) * stride_ks  # (BLOCK_N,)
         kv_mask = pos_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(V + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(K + row[:, None] + d[None, :], mask=kv_mask, other=0)
+        v = tl.load(V + row[:, None] + d[None, :], mask=kv_mask, other=0)
+        if CODES != 0:  # 8-bit codes (stored as bytes) times their row's scale
+            s_row = kvh * stride_sh + blk * stride_sb + (pos % block_size) * stride_ss
+            k_s = tl.load(K_scale + s_row, mask=pos_ok, other=0.0).to(tl.float32)
+            v_s = tl.load(V_scale + s_row, mask=pos_ok, other=0.0).to(tl.float32)
+            code_type = tl.int8 if CODES == 1 else tl.float8e4nv
+            k = k.to(code_type, bitcast=True).to(tl.float32) * k_s[:, None]
+            v = v.to(code_type, bitcast=True).to(tl.float32) * v_s[:, None]
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (M, BLOCK_N)
         visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
