@@ -12,7 +12,8 @@ everywhere, so every engine does the same work.
   decode  --decode-rows rows of --decode-prompt tokens generating --decode-new each: decode
           tokens/s (the run minus a prefill-only run) against the device's roofline, the larger
           of a step's bytes (weights + KV read) over memory bandwidth and its FLOPs over peak,
-          on each CUDA path: the Triton kernel with and without CUDA graphs, the torch path
+          on each CUDA path: the Triton kernel with and without CUDA graphs, the torch path, and
+          the kernel over an int8 KV cache
 
     python scripts/bench_gpu.py --out /tmp/bench_gpu.json
     python scripts/bench_gpu.py --device cpu --shape tiny --dtype float32   # a smoke check
@@ -155,6 +156,7 @@ DECODE_PATHS = [
     ("triton + cuda graphs", {}, {}),
     ("triton, eager", {}, {"cuda_graphs": False}),
     ("torch gather + SDPA", {"JOBRUNNER_TRITON": "0"}, {}),
+    ("triton, int8 KV", {}, {"kv_cache_dtype": "int8"}),  # not exact: its rows equal are a measure
 ]
 
 
