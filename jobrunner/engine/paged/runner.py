@@ -52,10 +52,10 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
-        # CUDA: every row through the Triton kernel; CPU: native kernels; else gather + SDPA
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton and graph capture use the current device
         self.dtype = model.dtype
+        # CUDA: every row through the Triton kernel; CPU: native kernels; else gather + SDPA
         self.triton = self._triton_usable(model, kv.layers[0][0], device, self.dtype)
         self.tile_tokens = triton_attention.prefill_tokens(  # prefill tile size of the kernel
             model.num_heads // model.num_kv_heads, self.dtype, model.head_dim
