@@ -135,6 +135,8 @@ def test_prefill_tiles_cover_every_new_token_once_most_keys_first():
     keys = [40 - 33 + q0 if s == 2 else q0 for s, q0 in tiles]  # cached positions + q0
     assert keys == sorted(keys, reverse=True)
     assert b.tables.tolist() == [[0, 0, 0], [1, 2, 0], [3, 4, 5]]
+    decode_only = triton_attention.build_batch([[0]], [0], [1], [9], 1, 16, torch.device("cpu"))
+    assert decode_only.tile_seg is None and decode_only.tile_q0 is None
 
 
 def test_the_caches_and_layouts_it_reads_and_declines():

@@ -119,16 +119,18 @@ def build_batch(
     def ints(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
-    return TritonBatch(
+    batch = TritonBatch(
         ints([t + [0] * (width - len(t)) for t in tables]).view(len(tables), width),
         ints(q_start),
         ints(q_len),
         ints(ctx),
         num_decode,
-        ints([s for s, _ in tiles]),
-        ints([q0 for _, q0 in tiles]),
-        tile_tokens,
+        tile_tokens=tile_tokens,
     )
+    if tiles:  # a decode-only step (most steps) copies no tile arrays to the device
+        batch.tile_seg = ints([s for s, _ in tiles])
+        batch.tile_q0 = ints([q0 for _, q0 in tiles])
+    return batch
 
 
 def attend(
@@ -142,7 +144,7 @@ def attend(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch.num_decode:
         _launch(q, k_cache, v_cache, out, batch, scale, batch.num_decode, decode=True)
-    if batch.tile_seg is not None and batch.tile_seg.numel():
+    if batch.tile_seg is not None:
         _launch(q, k_cache, v_cache, out, batch, scale, batch.tile_seg.numel(), decode=False)
     return out
 
