@@ -1,4 +1,4 @@
-"""Throughput benchmark: HF generate baselines vs the static and paged engines, one process.
+"""Throughput benchmark: HF generate baselines vs the static and paged engines, in one run.
 
 Workloads
   a  mixed-length prompts, EOS honoured, max_new_tokens 256
@@ -16,7 +16,9 @@ there on the same token ids.
 
 Prompts come from data/samples/prompts.parquet (`prompt` column) when present, else from
 Python's pydoc topic texts. Tokens/s counts generated tokens over the wall time of the whole
-workload. "HF one row at a time" runs a few rows and is extrapolated (labelled so).
+workload. "HF one row at a time" runs a few rows and is extrapolated (labelled so). Each
+measurement runs in a fresh process of its own (scripts/bench_runs.py), so that none inherits
+what an earlier one left behind; --same-process runs them all in this one.
 
     python scripts/bench.py --quick          # a few minutes
     python scripts/bench.py --rows 128       # a fuller run
@@ -36,11 +38,10 @@ import time
 from pathlib import Path
 
 import torch
+from bench_runs import Runs, child_env, run_vllm
 
-from jobrunner.config import JobConfig, ModelConfig
+from jobrunner.config import ModelConfig
 from jobrunner.engine.loader import load_model
-from jobrunner.prep.order import order_requests
-from jobrunner.types import Request, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,79 +88,6 @@ def shared_prompts(tok, rows: int) -> list[list[int]]:
     return [chat_ids(tok, short[i % len(short)][:400], system) for i in range(rows)]
 
 
-def requests(prompts, max_new: int, ignore_eos: bool) -> list[Request]:
-    params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
-    return [Request(str(i), p, params) for i, p in enumerate(prompts)]
-
-
-# ---------------------------------------------------------------- runners
-
-
-def hf_generate(
-    loaded, prompts, max_new: int, ignore_eos: bool, batch_size: int
-) -> tuple[int, float]:
-    """Left-padded, length-sorted static batches through HF generate; (tokens, seconds)."""
-    model, tok = loaded.model, loaded.tokenizer
-    eos = sorted(loaded.eos_token_ids)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    order = sorted(prompts, key=len)
-    tokens, t0 = 0, time.perf_counter()
-    for i in range(0, len(order), batch_size):
-        chunk = order[i : i + batch_size]
-        width = max(map(len, chunk))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=model.device)
-        mask = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=ids.device
-        )
-        kw = (
-            {"eos_token_id": None, "min_new_tokens": max_new}
-            if ignore_eos
-            else {"eos_token_id": eos}
-        )
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new,
-            do_sample=False,
-            pad_token_id=pad,
-            **kw,
-        )[:, width:]
-        tokens += sum(_count(row, eos, ignore_eos) for row in out.tolist())
-    return tokens, time.perf_counter() - t0
-
-
-def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
-    if ignore_eos:
-        return len(row)
-    for i, t in enumerate(row):
-        if t in eos:
-            return i + 1
-    return len(row)
-
-
-def run_engine(
-    kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
-) -> tuple[int, float, object, list]:
-    """(generated tokens, seconds, engine stats, each row's token ids in request order)."""
-    import jobrunner.engine.paged  # noqa: F401  (registers)
-    from jobrunner.engine.base import ENGINES
-
-    cfg = JobConfig()
-    cfg.model.max_model_len = 4096  # the longest prompts (2,700 tokens) plus 256 new ones
-    cfg.model.kv_cache_dtype = kv_cache_dtype
-    for k, v in engine.items():
-        setattr(cfg.engine, k, v)
-    eng = ENGINES[kind](loaded, cfg)
-    t0 = time.perf_counter()
-    results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
-    seconds = time.perf_counter() - t0
-    failed = [f"{r.id}: {r.error}" for r in results.values() if r.error_code]
-    if failed:
-        raise SystemExit(f"{kind}: {len(failed)} rows failed, e.g. {failed[0]}")
-    tokens = sum(r.usage.completion_tokens for r in results.values())
-    return tokens, seconds, eng.stats, [results[r.id].token_ids for r in reqs]
-
-
 # ---------------------------------------------------------------- report
 
 
@@ -184,84 +112,59 @@ class Table:
             print(f"{w:<9} {what:<34} {tps:8.1f}   {ratio}      {note}")
 
 
-def bench_mixed(loaded, args, table: Table, baselines: dict[str, float]) -> None:
-    prompts = mixed_prompts(loaded.tokenizer, args.rows, args.max_prompt_tokens)
+def bench_mixed(runs: Runs, args, table: Table, baselines: dict[str, float]) -> None:
+    prompts = mixed_prompts(runs.loaded.tokenizer, args.rows, args.max_prompt_tokens)
     for w, max_new, ignore_eos in (("b", 64, True), ("a", 256, False)):
         if w not in args.workloads:
             continue
         print(
             f"workload {w}: {len(prompts)} mixed prompts, {max_new} new tokens, ignore_eos={ignore_eos}"
         )
+        work = (max_new, ignore_eos)
         n1 = min(args.single_rows, len(prompts))
-        tok1, s1 = hf_generate(loaded, prompts[:n1], max_new, ignore_eos, 1)
-        table.add(w, "HF generate, 1 row at a time", tok1, s1, f"extrapolated from {n1} rows")
-        best = 0.0
-        for bs in args.hf_batch_sizes:
-            best = max(
-                best,
-                table.add(
-                    w,
-                    f"HF static batches of {bs}",
-                    *hf_generate(loaded, prompts, max_new, ignore_eos, bs),
-                ),
-            )
-        baselines[w] = best
-        reqs = requests(prompts, max_new, ignore_eos)
-        if _has_static():
-            tok, s, _, _ = run_engine("static", loaded, reqs)
-            table.add(w, "jobrunner static", tok, s)
-        tok, s, st, ours = run_engine("paged", loaded, reqs, **args.paged)
-        table.add(
-            w, "jobrunner paged", tok, s, f"busy {st.busy_fraction:.0%}, preempt {st.preemptions}"
+        got = runs.hf(prompts[:n1], *work, 1)
+        table.add(w, "HF generate, 1 row at a time", **got, note=f"extrapolated from {n1} rows")
+        baselines[w] = max(
+            table.add(w, f"HF static batches of {bs}", **runs.hf(prompts, *work, bs))
+            for bs in args.hf_batch_sizes
         )
+        if _has_static():
+            got = runs.engine("static", prompts, *work)
+            table.add(w, "jobrunner static", got.tokens, got.seconds)
+        ours = runs.engine("paged", prompts, *work, **args.paged)
+        note = f"busy {ours.busy_fraction:.0%}, preempt {ours.preemptions}"
+        table.add(w, "jobrunner paged", ours.tokens, ours.seconds, note)
         for kv in args.kv_cache_dtypes:
-            tok, s, _, got = run_engine("paged", loaded, reqs, kv, **args.paged)
-            table.add(w, f"jobrunner paged, {kv} KV cache", tok, s, _same_tokens(ours, got))
+            got = runs.engine("paged", prompts, *work, kv, **args.paged)
+            note = _same_tokens(ours.token_ids, got.token_ids)
+            table.add(w, f"jobrunner paged, {kv} KV cache", got.tokens, got.seconds, note)
         if args.vllm_python:
-            work = {"prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
-            got = run_vllm(loaded, args, work)
-            note = f"{_startup(got)}; {_agreement(ours, got['first_tokens'])}"
+            vllm = {"prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
+            got = run_vllm(runs.loaded, args, vllm)
+            note = f"{_startup(got)}; {_agreement(ours.token_ids, got['first_tokens'])}"
             table.add(w, f"vLLM-CPU ({args.vllm_dtype})", got["tokens"], got["seconds"], note)
 
 
-def bench_shared(loaded, args, table: Table) -> None:
-    prompts = shared_prompts(loaded.tokenizer, args.rows)
+def bench_shared(runs: Runs, args, table: Table) -> None:
+    prompts = shared_prompts(runs.loaded.tokenizer, args.rows)
     print(
         f"workload c: {len(prompts)} rows sharing a {len(prompts[0]) - 20}-token head, 64 new tokens"
     )
-    reqs = requests(prompts, 64, True)
     results = {}
     for caching in (False, True):
-        tok, s, st, _ = run_engine("paged", loaded, reqs, prefix_caching=caching, **args.paged)
-        computed = st.prefill_tokens / max(1, sum(len(p) for p in prompts))
+        got = runs.engine("paged", prompts, 64, True, prefix_caching=caching, **args.paged)
+        computed = got.prefill_tokens / max(1, sum(len(p) for p in prompts))
         results[caching] = table.add(
             "c",
             f"paged, prefix_caching={caching}",
-            tok,
-            s,
+            got.tokens,
+            got.seconds,
             f"computed {computed:.0%} of prompt tokens",
         )
     print(f"  c  prefix cache speed-up: {results[True] / results[False]:.2f}x")
 
 
 # ---------------------------------------------------------------- vLLM and whole jobs
-
-
-def run_vllm(loaded, args, work: dict) -> dict:
-    """scripts/bench_vllm.py in vLLM's venv on `work`; its JSON line plus process seconds."""
-    work = {"model": loaded.weights_dir, "warmup_token": 30, "max_model_len": 4096, **work}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(work, f)
-    cmd = [args.vllm_python, str(ROOT / "scripts/bench_vllm.py"), f.name]
-    cmd += ["--threads", str(args.threads), "--dtype", args.vllm_dtype]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
-    seconds = time.perf_counter() - t0
-    os.unlink(f.name)
-    if done.returncode != 0:
-        raise SystemExit(f"vLLM failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    line = [x for x in done.stdout.splitlines() if x.startswith('{"tokens"')][-1]  # vLLM logs too
-    return {**json.loads(line), "process_seconds": seconds}
 
 
 def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
@@ -320,7 +223,7 @@ def bench_job(loaded, args, table: Table, baselines: dict[str, float]) -> None:
     ids = [f"row-{i:05d}" for i in range(rows)]
     pq.write_table(pa.table({"id": ids, "prompt": texts}), tmp / "in.parquet")
     (tmp / "job.yaml").write_text(JOB_YAML.format(dir=tmp, max_new=max_new, dtype=args.dtype))
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    env = child_env(args)
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "jobrunner", "run", str(tmp / "job.yaml")]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -401,6 +304,16 @@ def main() -> None:
         default="float16,int8",
         help="(a), (b): paged runs again with these model.kv_cache_dtype values ('' for none)",
     )
+    p.add_argument(
+        "--same-process",
+        action="store_true",
+        help="run every measurement in this process (default: each in a fresh one)",
+    )
+    p.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="start child processes without bench_runs.MALLOC_ENV (glibc's defaults)",
+    )
     args = p.parse_args()
     args.single_rows = 1 if args.quick else 4
     args.max_prompt_tokens = (
@@ -416,10 +329,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))
     args.vllm_dtype = args.vllm_dtype or str(loaded.dtype).removeprefix("torch.")
-    table, baselines = Table(), {}
-    bench_mixed(loaded, args, table, baselines)
+    table, baselines, runs = Table(), {}, Runs(loaded, args)
+    print("each run in " + ("this process" if args.same_process else "a fresh process"))
+    bench_mixed(runs, args, table, baselines)
     if "c" in args.workloads:
-        bench_shared(loaded, args, table)
+        bench_shared(runs, args, table)
     if "d" in args.workloads:
         bench_job(loaded, args, table, baselines)
     table.show(baselines)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (scripts/bench.py: the HF baseline and the engine runner)
+import bench_runs  # noqa: E402  (the HF baseline and the engine runner)
 
 from jobrunner.engine.loader import LoadedModel  # noqa: E402
 from jobrunner.engine.resolve import ModelSource  # noqa: E402
@@ -118,7 +118,9 @@ def exactness(device: torch.device, rows: int, new: int = 32, **engine) -> tuple
     loaded = sharpened_tiny(device)
     work = prompts(rows, 20, 300, loaded.model.config.vocab_size, seed=2)
     want = [hf_greedy(loaded, p, new) for p in work]
-    _, _, _, got = bench.run_engine("paged", loaded, bench.requests(work, new, True), **engine)
+    _, _, _, got = bench_runs.run_engine(
+        "paged", loaded, bench_runs.requests(work, new, True), **engine
+    )
     return sum(g == w for g, w in zip(got, want, strict=True)), rows
 
 
@@ -177,9 +179,11 @@ def patched_env(env: dict[str, str]):
 def decode_tok_s(loaded: LoadedModel, work: list[list[int]], args, **engine) -> float:
     """Decode tokens/s: a run generating --decode-new tokens a row, minus a prefill-only run."""
     limits = dict(max_num_seqs=args.decode_rows, max_batch_tokens=8192, **engine)
-    _, prefill_s, _, _ = bench.run_engine("paged", loaded, bench.requests(work, 1, True), **limits)
-    full = bench.requests(work, args.decode_new, True)
-    tokens, seconds, _, _ = bench.run_engine("paged", loaded, full, **limits)
+    _, prefill_s, _, _ = bench_runs.run_engine(
+        "paged", loaded, bench_runs.requests(work, 1, True), **limits
+    )
+    full = bench_runs.requests(work, args.decode_new, True)
+    tokens, seconds, _, _ = bench_runs.run_engine("paged", loaded, full, **limits)
     return (tokens - args.decode_rows) / max(seconds - prefill_s, 1e-9)
 
 
@@ -216,15 +220,15 @@ def main() -> None:
     vocab = loaded.model.config.vocab_size
     lo, hi = map(int, args.prompt_tokens.split(","))
     work = prompts(args.rows, lo, hi, vocab, seed=0)
-    reqs = bench.requests(work, args.new_tokens, ignore_eos=True)
+    reqs = bench_runs.requests(work, args.new_tokens, ignore_eos=True)
 
     static = {}
     for b in map(int, args.hf_batch_sizes.split(",")):
-        tokens, seconds = bench.hf_generate(loaded, work, args.new_tokens, True, b)
+        tokens, seconds = bench_runs.hf_generate(loaded, work, args.new_tokens, True, b)
         sync(device)
         static[b] = tokens / seconds
         print(f"static  HF generate, batches of {b:3d}  {static[b]:10.1f} tok/s", flush=True)
-    tokens, seconds, stats, _ = bench.run_engine("paged", loaded, reqs, max_num_seqs=256)
+    tokens, seconds, stats, _ = bench_runs.run_engine("paged", loaded, reqs, max_num_seqs=256)
     paged = tokens / seconds
     best = max(static.values())
     print(f"paged   jobrunner                    {paged:10.1f} tok/s  {paged / best:.2f}x static")
