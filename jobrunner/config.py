@@ -105,6 +105,8 @@ class EngineConfig(_Strict):
     order_window: int = Field(4096, ge=1)  # rows reordered together (shared heads, lengths)
     num_threads: int | None = Field(None, ge=1)
     cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/paged)
+    # greedy rows: up to this many draft tokens a step from n-gram lookup (sched/draft.py)
+    speculative_tokens: int = Field(0, ge=0, le=16)
 
 
 class CostConfig(_Strict):

@@ -226,6 +226,8 @@ def _record_run(
             "steps": st.steps,
             "preemptions": st.preemptions,
             "oom_retries": st.oom_retries,
+            "draft_tokens": st.draft_tokens,
+            "accepted_draft_tokens": st.accepted_draft_tokens,
             "deduplicated": stream.deduplicated,
             "skipped": stream.skipped,
             "device_name": device.name,

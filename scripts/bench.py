@@ -4,7 +4,8 @@ Workloads
   a  mixed-length prompts, EOS honoured, max_new_tokens 256
   b  the same prompts, ignore_eos, 64 new tokens
      (a) and (b) also run paged with a float16 and an int8 KV cache (--kv-cache-dtypes), with
-     how many tokens stay equal to the run in the model's dtype
+     how many tokens stay equal to the run in the model's dtype, and with speculative decoding
+     (--speculative-tokens; its tokens must all stay equal)
   c  short questions behind one long shared system prompt, 64 new tokens, ignore_eos:
      paged with prefix caching on vs off
   d  a whole job (default 512 rows, 64 new tokens, EOS honoured), process start to exit:
@@ -138,6 +139,12 @@ def bench_mixed(runs: Runs, args, table: Table, baselines: dict[str, float]) -> 
             got = runs.engine("paged", prompts, *work, kv, **args.paged)
             note = _same_tokens(ours.token_ids, got.token_ids)
             table.add(w, f"jobrunner paged, {kv} KV cache", got.tokens, got.seconds, note)
+        if args.speculative_tokens:
+            k = args.speculative_tokens
+            got = runs.engine("paged", prompts, *work, speculative_tokens=k, **args.paged)
+            note = f"{got.accepted_draft_tokens}/{got.draft_tokens} drafts kept; "
+            note += _same_tokens(ours.token_ids, got.token_ids)
+            table.add(w, f"jobrunner paged, {k} draft tokens", got.tokens, got.seconds, note)
         if args.vllm_python:
             vllm = {"prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
             got = run_vllm(runs.loaded, args, vllm)
@@ -303,6 +310,12 @@ def main() -> None:
         "--kv-cache-dtypes",
         default="float16,int8",
         help="(a), (b): paged runs again with these model.kv_cache_dtype values ('' for none)",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=2,
+        help="(a), (b): paged runs again with engine.speculative_tokens at this (0: not)",
     )
     p.add_argument(
         "--same-process",

@@ -131,7 +131,8 @@ def measure(loaded, work: dict) -> dict:
     tokens, seconds, st, ids = run_engine(
         work["run"], loaded, reqs, work.get("kv", "auto"), **work.get("engine", {})
     )
-    stats = {k: getattr(st, k) for k in ("busy_fraction", "preemptions", "prefill_tokens")}
+    keys = ("busy_fraction", "preemptions", "prefill_tokens", "draft_tokens")
+    stats = {k: getattr(st, k) for k in (*keys, "accepted_draft_tokens")}
     return {"tokens": tokens, "seconds": seconds, "token_ids": ids, **stats}
 
 

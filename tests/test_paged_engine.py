@@ -167,6 +167,41 @@ def test_greedy_matches_hf_under_preemption(loaded, prompts, reference):
     assert_matches(remapped, reference, rows)
 
 
+def test_greedy_matches_hf_with_speculative_drafts(loaded, prompts, reference):
+    """Drafts from n-gram lookup, checked by the model in the same step, change no token: rows
+    attend as one decode query per token (kernel path) and keep what HF would have chosen."""
+    engine = make_engine(loaded, 256 << 20, max_batch_tokens=256, speculative_tokens=4)
+    results = run(engine, requests(prompts))
+    assert_matches(results, reference)
+    st = engine.stats
+    assert st.accepted_draft_tokens > 0 and st.draft_tokens >= st.accepted_draft_tokens
+    generated = sum(r.usage.completion_tokens for r in results.values())
+    assert st.generated_tokens == generated
+
+
+def test_speculative_drafts_on_the_torch_path_and_under_preemption(
+    loaded, prompts, reference, monkeypatch
+):
+    """Without the native kernels a row with drafts attends as a chunk behind its context;
+    with a small cache, drafts take no block that another row needs (they never preempt)."""
+    rows = list(range(10, 32, 2))
+    engine = make_engine(loaded, 400 * 46080, speculative_tokens=4)
+    results = run(engine, requests([prompts[i] for i in rows]))
+    assert engine.stats.preemptions > 0 and engine.stats.accepted_draft_tokens > 0
+    assert_matches({str(rows[int(k)]): v for k, v in results.items()}, reference, rows)
+    monkeypatch.setenv("JOBRUNNER_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    try:
+        engine = make_engine(loaded, 256 << 20, max_batch_tokens=256, speculative_tokens=4)
+        assert not engine.runner.decode_kernel
+        results = run(engine, requests([prompts[i] for i in rows]))
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load.cache_clear()
+    assert engine.stats.accepted_draft_tokens > 0
+    assert_matches({str(rows[int(k)]): v for k, v in results.items()}, reference, rows)
+
+
 @pytest.mark.parametrize(
     ("kv", "bytes_per_token", "min_same"), [("float16", 23040, 0.95), ("int8", 11880, 0.75)]
 )

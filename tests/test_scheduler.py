@@ -28,7 +28,7 @@ def test_budget_chunks_a_prompt_then_mixes_prefill_with_decode():
     batch = s.schedule()
     assert rows(batch) == [(a.seq_id, 6), (b.seq_id, 4)]
     assert a.block_table == [0, 1] and b.block_table == [2]
-    assert s.postprocess(batch, [7, None]) == []
+    assert s.postprocess(batch, [[7], None]) == []
     assert a.token_ids[-1] == 7 and b.num_computed_tokens == 4 and b.num_output_tokens == 0
     batch = s.schedule()
     assert rows(batch) == [(a.seq_id, 1), (b.seq_id, 2)]
@@ -65,14 +65,14 @@ def test_preempts_newest_lowest_priority_and_recomputes_with_prefix_hit():
     s.add(b)
     batch = s.schedule()
     assert a.block_table == [0, 1] and b.block_table == [2, 3]
-    s.postprocess(batch, [4, 14])
-    s.postprocess(s.schedule(), [5, 15])  # a, b hold 5 tokens each, 4 computed
+    s.postprocess(batch, [[4], [14]])
+    s.postprocess(s.schedule(), [[5], [15]])  # a, b hold 5 tokens each, 4 computed
     batch = s.schedule()  # a needs a third block: none free
     assert rows(batch) == [(a.seq_id, 1)] and batch.preempted == [b]
     assert a.block_table == [0, 1, 3]  # b's tail block was evicted first
     assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
     assert s.num_preemptions == 1
-    assert s.postprocess(batch, [6]) == [a]  # a reached max_new_tokens
+    assert s.postprocess(batch, [[6]]) == [a]  # a reached max_new_tokens
     assert a.finish_reason is FinishReason.LENGTH
     batch = s.schedule()  # b comes back: its first block is still cached
     assert rows(batch) == [(b.seq_id, 3)]
@@ -86,7 +86,7 @@ def test_eos_finishes_and_frees_blocks():
     a = make_seq([1, 2, 3], eos=[9])
     s.add(a)
     batch = s.schedule()
-    assert s.postprocess(batch, [9]) == [a]
+    assert s.postprocess(batch, [[9]]) == [a]
     assert a.finish_reason is FinishReason.STOP and a.output_token_ids == [9]
     assert s.block_manager.num_free_blocks == 16 and s.num_running == 0
 
@@ -104,7 +104,7 @@ def test_prefix_hit_counts_cached_tokens():
     s = make_sched(block_size=2)
     a = make_seq([1, 2, 3, 4, 5])
     s.add(a)
-    s.postprocess(s.schedule(), [6])
+    s.postprocess(s.schedule(), [[6]])
     b = make_seq([1, 2, 3, 4, 7])
     s.add(b)
     batch = s.schedule()
@@ -120,7 +120,7 @@ def test_shared_head_waits_one_step_for_the_cache():
     s.add(b)
     batch = s.schedule()
     assert batch.seqs == [a]  # b's head is being computed by a in this step
-    s.postprocess(batch, [6])
+    s.postprocess(batch, [[6]])
     batch = s.schedule()
     assert rows(batch) == [(a.seq_id, 1), (b.seq_id, 1)]
     assert b.num_cached_tokens == 4

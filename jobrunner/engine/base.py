@@ -34,6 +34,8 @@ class EngineStats:
     generated_tokens: int = 0  # tokens sampled so far, rows finished or not (live progress)
     preemptions: int = 0
     oom_retries: int = 0
+    draft_tokens: int = 0  # speculative decoding: draft tokens computed
+    accepted_draft_tokens: int = 0  # ... and kept (each saved a step for its row)
     num_kv_blocks: int = 0
     kv_bytes_per_token: int = 0
     step_log: list[dict[str, Any]] = field(default_factory=list)  # per-step records (telemetry)

@@ -270,6 +270,8 @@ def _record_run(
                     "steps",
                     "preemptions",
                     "oom_retries",
+                    "draft_tokens",
+                    "accepted_draft_tokens",
                     "deduplicated",
                     "cache_saved_usd",
                     "dedup_saved_usd",

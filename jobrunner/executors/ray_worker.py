@@ -160,6 +160,8 @@ class BlockWorker:
                 "steps": st.steps,
                 "preemptions": st.preemptions,
                 "oom_retries": st.oom_retries,
+                "draft_tokens": st.draft_tokens,
+                "accepted_draft_tokens": st.accepted_draft_tokens,
                 "deduplicated": self.deduplicated,
                 "notes": list(st.notes),
                 **self.savings.to_json(),

@@ -9,19 +9,26 @@ from jobrunner.sched.sequence import Sequence
 
 @dataclass
 class ScheduledBatch:
-    """One forward step. Row i computes tokens
-    `seqs[i].token_ids[start_positions[i] : start_positions[i] + num_new_tokens[i]]`,
-    whose KV goes to the slots named by `seqs[i].block_table` (already allocated)."""
+    """One forward step. Row i computes the `num_new_tokens[i]` tokens `input_tokens(i)` from
+    position `start_positions[i]`, whose KV goes to the slots named by `seqs[i].block_table`
+    (already allocated): the sequence's own tokens, then the row's draft tokens, if any
+    (speculative decoding: the row samples at each of its last 1 + len(draft) positions)."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     start_positions: list[int] = field(default_factory=list)  # num_computed_tokens at schedule
+    drafts: list[list[int]] = field(default_factory=list)  # proposed tokens after the known ones
     preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting this step
 
-    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+    def add(self, seq: Sequence, num_new_tokens: int, draft: list[int] | None = None) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
         self.start_positions.append(seq.num_computed_tokens)
+        self.drafts.append(draft or [])
+
+    def input_tokens(self, i: int) -> list[int]:
+        start, n, draft = self.start_positions[i], self.num_new_tokens[i], self.drafts[i]
+        return self.seqs[i].token_ids[start : start + n - len(draft)] + draft
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -35,13 +42,20 @@ class ScheduledBatch:
         return self.num_new_tokens[i] == 1 and self.samples(i)
 
     def samples(self, i: int) -> bool:
-        """The row reaches the end of its sequence, so its last position yields a token."""
-        return self.start_positions[i] + self.num_new_tokens[i] == self.seqs[i].num_tokens
+        """The row reaches the end of its known tokens, so its last position yields a token
+        (and each draft position before it one more)."""
+        known = self.num_new_tokens[i] - len(self.drafts[i])
+        return self.start_positions[i] + known == self.seqs[i].num_tokens
 
     @property
     def num_decode_tokens(self) -> int:
+        """Tokens of rows that are generating (one each, or one plus their drafts)."""
         return sum(
-            1 for i in range(len(self.seqs)) if self.seqs[i].num_output_tokens and self.is_decode(i)
+            self.num_new_tokens[i]
+            for i in range(len(self.seqs))
+            if self.seqs[i].num_output_tokens
+            and self.samples(i)
+            and self.num_new_tokens[i] - len(self.drafts[i]) == 1
         )
 
     @property

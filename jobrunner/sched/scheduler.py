@@ -5,6 +5,10 @@ running sequences first (one decode token each, or the next chunk of a long prom
 waiting sequences are admitted, highest priority and oldest first, while KV blocks and budget
 remain. A long prompt is prefilled in chunks mixed with the other rows' decode tokens.
 
+With `speculative_tokens` k > 0, a greedy row that is generating also computes up to k draft
+tokens (sched/draft.py) when its own tokens predict them and its blocks have room without
+preempting anyone; the runner keeps the drafts the model agrees with, plus its own next token.
+
 When the KV cache runs out, the running sequence with the lowest priority (newest among
 equals) is preempted: its blocks are freed and it waits to be recomputed from its tokens.
 `running` is kept sorted by (priority desc, arrival), so victims come from its tail and are
@@ -18,6 +22,7 @@ import heapq
 
 from jobrunner.sched.batch import ScheduledBatch
 from jobrunner.sched.block_manager import BlockManager
+from jobrunner.sched.draft import NgramDrafter
 from jobrunner.sched.sequence import Sequence, SequenceStatus
 from jobrunner.types import FinishReason
 
@@ -34,12 +39,14 @@ class Scheduler:
         max_batch_tokens: int,
         max_model_len: int,
         watermark_blocks: int = 0,
+        speculative_tokens: int = 0,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
         self.max_model_len = max_model_len
         self.watermark_blocks = watermark_blocks  # kept free at admission to delay preemption
+        self.speculative_tokens = speculative_tokens  # most draft tokens a row computes a step
         self.waiting: list[tuple[int, int, Sequence]] = []  # heap by (-priority, seq_id)
         self.running: list[Sequence] = []  # sorted by _rank
         self.num_preemptions = 0
@@ -76,11 +83,28 @@ class Scheduler:
         while i < len(self.running) and budget > 0 and len(batch) < self.max_num_seqs:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            if self._make_room(seq, n, batch):
-                batch.add(seq, n)
-                budget -= n
+            draft = self._draft(seq, budget - n) if seq.num_uncomputed_tokens == 1 else []
+            if draft and not self.block_manager.append_slots(seq, 1 + len(draft)):
+                draft = []  # drafts never preempt: this row decodes one token
+            if self._make_room(seq, n + len(draft), batch):
+                batch.add(seq, n + len(draft), draft)
+                budget -= n + len(draft)
                 i += 1
         return budget
+
+    def _draft(self, seq: Sequence, room: int) -> list[int]:
+        """Draft tokens for a greedy generating row, none past its token or length limits."""
+        if not (self.speculative_tokens and seq.num_output_tokens and seq.request.sampling.greedy):
+            return []
+        k = min(
+            self.speculative_tokens,
+            room,
+            seq.max_new_tokens - seq.num_output_tokens - 1,
+            self.max_model_len - seq.num_tokens - 1,
+        )
+        if seq.drafter is None:
+            seq.drafter = NgramDrafter()
+        return seq.drafter.propose(seq.token_ids, k)
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Allocate n slots for seq, preempting from the tail; False if seq itself was preempted."""
@@ -137,19 +161,29 @@ class Scheduler:
 
     # ------------------------------------------------------------------ after the step
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int | None]) -> list[Sequence]:
-        """Advance each row by its computed tokens and append its sampled token (None for rows
-        still mid-prompt). Returns the sequences that finished."""
+    def postprocess(
+        self, batch: ScheduledBatch, token_ids: list[list[int] | None]
+    ) -> list[Sequence]:
+        """Advance each row by its computed tokens and append the tokens it kept (None for rows
+        still mid-prompt), each checked for a stop. Returns the sequences that finished."""
         finished = []
-        for seq, n, token_id in zip(batch.seqs, batch.num_new_tokens, token_ids, strict=True):
+        for seq, n, kept in zip(batch.seqs, batch.num_new_tokens, token_ids, strict=True):
             if seq.is_finished:  # failed or aborted during the step
                 continue
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
+            if kept is None:
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
                 continue
-            seq.append_token(token_id)
-            reason = seq.check_stop(self.max_model_len)
+            reason = None
+            for token_id in kept:
+                seq.append_token(token_id)
+                reason = seq.check_stop(self.max_model_len)
+                if reason is not None:
+                    break
+            # the KV of every kept token but the newest is computed (a kept draft token had
+            # the same input as the model's choice); rejected drafts' slots get rewritten
+            seq.num_computed_tokens = seq.num_tokens - 1
+            self.block_manager.cache_full_blocks(seq)
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 
+from jobrunner.sched.draft import NgramDrafter
 from jobrunner.types import FinishReason, Request
 
 
@@ -40,6 +41,7 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.error_code: str | None = None
         self.admitted = False
+        self.drafter: NgramDrafter | None = None  # speculative decoding, made on first use
 
     def __repr__(self) -> str:
         return f"Sequence({self.seq_id}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"

@@ -115,7 +115,14 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "model_memory": report_section(last),
         "engine_stats": {
             k: sum(r.get(k, 0) for r in runs)
-            for k in ("steps", "preemptions", "oom_retries", "deduplicated")
+            for k in (
+                "steps",
+                "preemptions",
+                "oom_retries",
+                "draft_tokens",
+                "accepted_draft_tokens",
+                "deduplicated",
+            )
         },
         "notes": [n for r in runs for n in r.get("notes", [])],
         "runs": len(runs),

@@ -66,6 +66,7 @@ class PagedEngine(Engine):
             e.max_batch_tokens,
             self.max_model_len,
             watermark_blocks=max(1, self.kv.num_blocks // 100),
+            speculative_tokens=e.speculative_tokens,
         )
         graph_rows = e.max_num_seqs if e.cuda_graphs else 0
         self.runner = ModelRunner(
@@ -111,7 +112,7 @@ class PagedEngine(Engine):
             self._grow_back()
             self._fail_rows(batch, finite)
             self._record(batch, time.perf_counter() - t)
-            self._emit_step(batch, self.scheduler.postprocess(batch, tokens))
+            self._emit_step(batch, tokens, self.scheduler.postprocess(batch, tokens))
 
     # ------------------------------------------------------------------ intake
 
@@ -222,17 +223,24 @@ class PagedEngine(Engine):
         self.scheduler.finish(seq, reason, code)
         self._post_finished(seq, msg)
 
-    def _emit_step(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
-        sampled = [
-            seq
-            for seq, n, start in zip(
-                batch.seqs, batch.num_new_tokens, batch.start_positions, strict=True
+    def _emit_step(
+        self, batch: ScheduledBatch, tokens: list[list[int] | None], finished: list[Sequence]
+    ) -> None:
+        new = [  # each sampling row's appended tokens follow the ones it knew
+            (seq, seq.token_ids[start + n - len(draft) :])
+            for seq, n, start, draft, kept in zip(
+                batch.seqs, batch.num_new_tokens, batch.start_positions, batch.drafts, tokens,
+                strict=True,
             )
-            if start + n + 1 == seq.num_tokens  # the step ended its known tokens: it sampled one
-        ]
-        self.stats.generated_tokens += len(sampled)
+            if kept is not None
+        ]  # fmt: skip
+        self.stats.generated_tokens += sum(len(t) for _, t in new)
+        for draft, kept in zip(batch.drafts, tokens, strict=True):
+            if draft and kept is not None:
+                self.stats.draft_tokens += len(draft)
+                self.stats.accepted_draft_tokens += len(kept) - 1
         self.detok.tokens(
-            [(seq.seq_id, seq.token_ids[-1]) for seq in sampled if seq.request.sampling.stop]
+            [(seq.seq_id, t) for seq, ts in new if seq.request.sampling.stop for t in ts]
         )
         for seq in finished:
             self._post_finished(seq)

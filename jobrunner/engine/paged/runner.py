@@ -19,6 +19,7 @@ from jobrunner.engine.paged.kv_cache import KVCache
 from jobrunner.engine.paged.model import PagedCausalLM
 from jobrunner.engine.paged.sampler import RowSampler, sample
 from jobrunner.sched.batch import ScheduledBatch
+from jobrunner.sched.draft import accept
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +102,22 @@ class ModelRunner:
             path += f", CUDA graphs for decode steps of up to {self.graphs.max_rows} rows"
         return path
 
-    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[bool]]:
-        """Token per batch row (None where the row is mid-prompt) and whether its logits were
-        finite (False marks a row to fail; its token is meaningless)."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[list[int] | None], list[bool]]:
+        """Tokens each batch row keeps (None where the row is mid-prompt; more than one where
+        the model agreed with its drafts) and whether its logits were finite (False marks a
+        row to fail; its tokens are meaningless)."""
         inputs = self.prepare(batch)
         logits = self._forward(inputs)  # (R, V)
         samplers = [self._sampler(batch.seqs[i]) for i in inputs.sampling_rows]
         sampled, finite = sample(logits, samplers)
-        tokens: list[int | None] = [None] * len(batch)
+        picks: dict[int, list[int]] = {}  # batch row -> its logits rows, in position order
+        for j, row in enumerate(inputs.sampling_rows):
+            picks.setdefault(row, []).append(j)
+        tokens: list[list[int] | None] = [None] * len(batch)
         ok = [True] * len(batch)
-        for row, token, good in zip(inputs.sampling_rows, sampled, finite, strict=True):
-            tokens[row], ok[row] = token, good
+        for row, js in picks.items():
+            kept = accept(batch.drafts[row], [sampled[j] for j in js])
+            tokens[row], ok[row] = kept, all(finite[j] for j in js[: len(kept)])
         return tokens, ok
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -142,21 +148,26 @@ class ModelRunner:
     # ------------------------------------------------------------------ inputs
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        # under the CPU decode kernel a row with drafts attends as one decode query per token
+        as_decode = [
+            batch.is_decode(i) or bool(self.decode_kernel and batch.drafts[i])
+            for i in range(len(batch))
+        ]
         decode = sorted(
-            (i for i in range(len(batch)) if batch.is_decode(i)),
-            key=lambda i: batch.start_positions[i],
+            (i for i in range(len(batch)) if as_decode[i]), key=lambda i: batch.start_positions[i]
         )
-        prefill = [i for i in range(len(batch)) if not batch.is_decode(i)]
+        prefill = [i for i in range(len(batch)) if not as_decode[i]]
         ids, pos, slots, logits_rows, sampling_rows, q_start = [], [], [], [], [], []
         for i in decode + prefill:
             seq, start, n = batch.seqs[i], batch.start_positions[i], batch.num_new_tokens[i]
             q_start.append(len(ids))
-            ids += seq.token_ids[start : start + n]
+            ids += batch.input_tokens(i)
             pos += range(start, start + n)
             slots += self._slots(seq.block_table, start, n)
-            if batch.samples(i):
-                logits_rows.append(len(ids) - 1)
-                sampling_rows.append(i)
+            if batch.samples(i):  # the last known token's position, then each draft's
+                for back in range(len(batch.drafts[i]), -1, -1):
+                    logits_rows.append(len(ids) - 1 - back)
+                    sampling_rows.append(i)
         meta = AttentionMetadata(
             self._tensor(slots),
             kernel_writes=self.decode_kernel,
@@ -166,7 +177,8 @@ class ModelRunner:
             meta.triton = self._triton_batch(batch, decode + prefill, q_start, len(decode))
         else:
             meta.decode_groups = self._decode_groups(batch, decode)
-            meta.prefills = self._prefill_chunks(batch, prefill, first_row=len(decode))
+            first = sum(batch.num_new_tokens[i] for i in decode)  # decode queries come first
+            meta.prefills = self._prefill_chunks(batch, prefill, first_row=first)
         return StepInputs(
             self._tensor(ids), self._tensor(pos), meta, self._tensor(logits_rows), sampling_rows
         )
@@ -193,12 +205,16 @@ class ModelRunner:
         bs = self.kv.block_size
         if not rows:
             return []
-        lens = [batch.start_positions[i] + 1 for i in rows]
-        spans = [(0, len(rows))] if self.decode_kernel else group_by_length(lens)
+        seqs, lens = [], []  # one query per token: a draft row's attend to their own positions
+        for i in rows:
+            for j in range(batch.num_new_tokens[i]):
+                seqs.append(batch.seqs[i])
+                lens.append(batch.start_positions[i] + j + 1)
+        spans = [(0, len(lens))] if self.decode_kernel else group_by_length(lens)
         groups = []
         for a, b in spans:
-            nb = -(-lens[b - 1] // bs)  # rows are sorted: the last is the longest
-            tables = [batch.seqs[i].block_table[:nb] for i in rows[a:b]]
+            nb = -(-max(lens[a:b]) // bs)
+            tables = [seq.block_table[:nb] for seq in seqs[a:b]]
             tables = self._tensor([t + [0] * (nb - len(t)) for t in tables])  # (b, nb)
             ctx = self._tensor(lens[a:b])  # (b,)
             mask = None
