@@ -47,7 +47,7 @@ from jobrunner.pipeline import (
 from jobrunner.resume import check_same_job, open_run
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import cpu_count, detect_device
-from jobrunner.telemetry.report import write_reports
+from jobrunner.telemetry.report import ENGINE_COUNTERS, write_reports
 
 log = logging.getLogger(__name__)
 
@@ -266,16 +266,7 @@ def _record_run(
             "forward_seconds": sum(w["forward_seconds"] for w in ws) / n,
             **{
                 k: sum(w[k] for w in ws)
-                for k in (
-                    "steps",
-                    "preemptions",
-                    "oom_retries",
-                    "draft_tokens",
-                    "accepted_draft_tokens",
-                    "deduplicated",
-                    "cache_saved_usd",
-                    "dedup_saved_usd",
-                )
+                for k in (*ENGINE_COUNTERS, "cache_saved_usd", "dedup_saved_usd")
             },
             "skipped": plan.skipped,
             "device_name": first.get("device_name", local.name),

@@ -19,6 +19,16 @@ from jobrunner.telemetry.cost import per_million
 from jobrunner.telemetry.prices import api_equivalent
 from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
 
+# counters each run record carries and the report sums over runs (and Ray sums over workers)
+ENGINE_COUNTERS = (
+    "steps",
+    "preemptions",
+    "oom_retries",
+    "draft_tokens",
+    "accepted_draft_tokens",
+    "deduplicated",
+)
+
 TOKEN_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd", "finish_reason"]
 ESTIMATE_FILE = "estimate.json"
 
@@ -113,17 +123,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "api_equivalent": api_equivalent(t["prompt_tokens"], t["completion_tokens"], t["cost_usd"]),
         "telemetry": device_summary(read_timeline(rundir.path, DEVICE_FILE), steps),
         "model_memory": report_section(last),
-        "engine_stats": {
-            k: sum(r.get(k, 0) for r in runs)
-            for k in (
-                "steps",
-                "preemptions",
-                "oom_retries",
-                "draft_tokens",
-                "accepted_draft_tokens",
-                "deduplicated",
-            )
-        },
+        "engine_stats": {k: sum(r.get(k, 0) for r in runs) for k in ENGINE_COUNTERS},
         "notes": [n for r in runs for n in r.get("notes", [])],
         "runs": len(runs),
         "workers": [w for r in runs for w in r.get("workers", [])],  # executor: ray
