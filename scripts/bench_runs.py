@@ -43,6 +43,16 @@ MALLOC_ENV = {
 }
 
 
+# what a measurement of our engines reports of their EngineStats
+ENGINE_STATS = (
+    "busy_fraction",
+    "preemptions",
+    "prefill_tokens",
+    "draft_tokens",
+    "accepted_draft_tokens",
+)
+
+
 def child_env(args) -> dict[str, str]:
     """The environment of every process the bench starts: its threads, and MALLOC_ENV."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -131,8 +141,7 @@ def measure(loaded, work: dict) -> dict:
     tokens, seconds, st, ids = run_engine(
         work["run"], loaded, reqs, work.get("kv", "auto"), **work.get("engine", {})
     )
-    keys = ("busy_fraction", "preemptions", "prefill_tokens", "draft_tokens")
-    stats = {k: getattr(st, k) for k in (*keys, "accepted_draft_tokens")}
+    stats = {k: getattr(st, k) for k in ENGINE_STATS}
     return {"tokens": tokens, "seconds": seconds, "token_ids": ids, **stats}
 
 
@@ -165,22 +174,24 @@ class Runs:
     def __init__(self, loaded, args):
         self.loaded, self.args = loaded, args
 
-    def hf(self, prompts, max_new: int, ignore_eos: bool, batch_size: int) -> dict:
+    def hf(self, prompts, max_new: int, ignore_eos: bool, batch_size: int) -> SimpleNamespace:
         return self._run({"run": "hf", "batch_size": batch_size}, prompts, max_new, ignore_eos)
 
     def engine(
         self, kind: str, prompts, max_new: int, ignore_eos: bool, kv: str = "auto", **engine
     ) -> SimpleNamespace:
         work = {"run": kind, "kv": kv, "engine": engine}
-        return SimpleNamespace(**self._run(work, prompts, max_new, ignore_eos))
+        return self._run(work, prompts, max_new, ignore_eos)
 
-    def _run(self, work: dict, prompts, max_new: int, ignore_eos: bool) -> dict:
+    def _run(self, work: dict, prompts, max_new: int, ignore_eos: bool) -> SimpleNamespace:
+        """`measure(work)` here or in a child process: its fields as attributes."""
         work = {**work, "prompts": prompts, "max_new": max_new, "ignore_eos": ignore_eos}
         if self.args.same_process:
-            return measure(self.loaded, work)
+            return SimpleNamespace(**measure(self.loaded, work))
         work |= {"dtype": self.args.dtype, "threads": self.args.threads}
         cmd = [sys.executable, str(Path(__file__).resolve())]
-        return run_json(cmd, work, f"{work['run']} run", env=child_env(self.args))[0]
+        got = run_json(cmd, work, f"{work['run']} run", env=child_env(self.args))[0]
+        return SimpleNamespace(**got)
 
 
 def main() -> None:

@@ -26,9 +26,12 @@ class ScheduledBatch:
         self.start_positions.append(seq.num_computed_tokens)
         self.drafts.append(draft or [])
 
+    def known_end(self, i: int) -> int:
+        """The position after the row's last known (non-draft) token."""
+        return self.start_positions[i] + self.num_new_tokens[i] - len(self.drafts[i])
+
     def input_tokens(self, i: int) -> list[int]:
-        start, n, draft = self.start_positions[i], self.num_new_tokens[i], self.drafts[i]
-        return self.seqs[i].token_ids[start : start + n - len(draft)] + draft
+        return self.seqs[i].token_ids[self.start_positions[i] : self.known_end(i)] + self.drafts[i]
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -42,10 +45,9 @@ class ScheduledBatch:
         return self.num_new_tokens[i] == 1 and self.samples(i)
 
     def samples(self, i: int) -> bool:
-        """The row reaches the end of its known tokens, so its last position yields a token
-        (and each draft position before it one more)."""
-        known = self.num_new_tokens[i] - len(self.drafts[i])
-        return self.start_positions[i] + known == self.seqs[i].num_tokens
+        """The row reaches the end of its known tokens, so its last known token's position
+        yields a token (and each of its draft tokens' positions one more)."""
+        return self.known_end(i) == self.seqs[i].num_tokens
 
     @property
     def num_decode_tokens(self) -> int:
@@ -55,7 +57,7 @@ class ScheduledBatch:
             for i in range(len(self.seqs))
             if self.seqs[i].num_output_tokens
             and self.samples(i)
-            and self.num_new_tokens[i] - len(self.drafts[i]) == 1
+            and self.known_end(i) - self.start_positions[i] == 1
         )
 
     @property

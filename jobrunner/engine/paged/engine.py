@@ -226,19 +226,16 @@ class PagedEngine(Engine):
     def _emit_step(
         self, batch: ScheduledBatch, tokens: list[list[int] | None], finished: list[Sequence]
     ) -> None:
-        new = [  # each sampling row's appended tokens follow the ones it knew
-            (seq, seq.token_ids[start + n - len(draft) :])
-            for seq, n, start, draft, kept in zip(
-                batch.seqs, batch.num_new_tokens, batch.start_positions, batch.drafts, tokens,
-                strict=True,
-            )
-            if kept is not None
-        ]  # fmt: skip
-        self.stats.generated_tokens += sum(len(t) for _, t in new)
-        for draft, kept in zip(batch.drafts, tokens, strict=True):
-            if draft and kept is not None:
-                self.stats.draft_tokens += len(draft)
-                self.stats.accepted_draft_tokens += len(kept) - 1
+        st, new = self.stats, []
+        for i, kept in enumerate(tokens):
+            if kept is None:  # mid-prompt
+                continue
+            seq = batch.seqs[i]
+            new.append((seq, seq.token_ids[batch.known_end(i) :]))  # what postprocess appended
+            if batch.drafts[i]:
+                st.draft_tokens += len(batch.drafts[i])
+                st.accepted_draft_tokens += len(kept) - 1
+        st.generated_tokens += sum(len(t) for _, t in new)
         self.detok.tokens(
             [(seq.seq_id, t) for seq, ts in new if seq.request.sampling.stop for t in ts]
         )
