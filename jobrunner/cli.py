@@ -78,9 +78,7 @@ def run(
         from jobrunner.executors import run_with_executor
         from jobrunner.pipeline import RunOptions
 
-        cfg = load_job(job, list(set_ or []))
-        if executor:
-            cfg.executor = executor
+        cfg = load_job(job, list(set_ or []), executor=executor)
         summary = run_with_executor(cfg, RunOptions(restart=restart, retry_errors=retry_errors))
     except (Exception, KeyboardInterrupt) as e:
         if isinstance(e, KeyboardInterrupt):

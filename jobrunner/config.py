@@ -6,6 +6,7 @@ Errors name the file, the line and the key path, and say what is allowed:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -173,8 +174,14 @@ def fingerprint(obj: Any) -> str:
 # ---------------------------------------------------------------- loading
 
 
-def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
-    """Read, override and validate a job file. Raises ConfigError naming file, line and key."""
+def load_job(
+    path: str | Path, overrides: list[str] | None = None, executor: str | None = None
+) -> JobConfig:
+    """Read, override and validate a job file. Raises ConfigError naming file, line and key.
+
+    `overrides` are `--set key.path=value` items; `executor` is `--executor`. An error in a value
+    they set is blamed on that argument, not on a line of the file.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -190,18 +197,24 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: the job file must be a mapping of keys (name, model, ...)")
     lines = _key_lines(node)
+    args: dict[tuple, str] = {}  # key path -> the command-line argument that set it
     for item in overrides or []:
-        apply_override(data, item)
+        args[apply_override(data, item)] = f"--set {item}"
+    if executor is not None:
+        data["executor"] = executor
+        args[("executor",)] = f"--executor {executor}"
     try:
         cfg = JobConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_describe(e, path, lines)) from e
+        raise ConfigError(_describe(e, path, lines, args)) from e
     cfg.source_file = str(path)
     return cfg
 
 
-def apply_override(data: dict, item: str) -> None:
-    """`key.path=value`; the value is parsed as YAML (`64`, `true`, `[a, b]`, `null`)."""
+def apply_override(data: dict, item: str) -> tuple[str, ...]:
+    """`key.path=value`; the value is parsed as YAML (`64`, `true`, `[a, b]`, `null`).
+
+    Returns the key path it set."""
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected key.path=value")
     key, _, raw = item.partition("=")
@@ -219,6 +232,30 @@ def apply_override(data: dict, item: str) -> None:
             raise ConfigError(f"--set {item!r}: {p} is not a section")
         cur = nxt
     cur[parts[-1]] = value
+    return tuple(parts)
+
+
+def key_paths(model: type[BaseModel] = JobConfig, prefix: str = "") -> list[str]:
+    """Every job-file key, sections and nested keys alike: `model`, `model.source`, ..."""
+    out = []
+    for name, f in model.model_fields.items():
+        if f.exclude:
+            continue
+        out.append(prefix + name)
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            out.extend(key_paths(f.annotation, f"{prefix}{name}."))
+    return out
+
+
+def nearest_key(key: str) -> str | None:
+    """The known key path closest to a misspelled one, or None when nothing is close."""
+    known = key_paths()
+    leaf = key.rsplit(".", 1)[-1]
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not near:  # a right name in the wrong section: match the last part alone
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in known}
+        near = [by_leaf[m] for m in difflib.get_close_matches(leaf, by_leaf, n=1, cutoff=0.75)]
+    return near[0] if near else None
 
 
 def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
@@ -236,14 +273,20 @@ def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
     return out
 
 
-def _describe(err: ValidationError, path: Path, lines: dict[tuple, int]) -> str:
+def _describe(
+    err: ValidationError, path: Path, lines: dict[tuple, int], args: dict[tuple, str]
+) -> str:
     msgs = []
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        key = ".".join(str(x) for x in loc) or "(top level)"
+        arg = next((a for k, a in args.items() if loc[: len(k)] == k), None)
+        if arg:  # a command-line argument set it: blame the argument, not the file
+            msgs.append(f"{arg}: {key} {_humanize(e, key)}")
+            continue
         line = _nearest_line(loc, lines)
         where = f"{path}:{line}" if line else str(path)
-        key = ".".join(str(x) for x in loc) or "(top level)"
-        msgs.append(f"{where} {key}: {_humanize(e)}")
+        msgs.append(f"{where} {key}: {_humanize(e, key)}")
     return "\n".join(msgs)
 
 
@@ -254,10 +297,12 @@ def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:
     return None
 
 
-def _humanize(e: dict) -> str:
+def _humanize(e: dict, key: str) -> str:
     kind, ctx = e["type"], e.get("ctx") or {}
     if kind == "extra_forbidden":
-        return "unknown key (check the spelling; see DESIGN.md for the job-file keys)"
+        near = nearest_key(key)
+        hint = f"did you mean {near}? " if near else ""
+        return f"unknown key; {hint}(every key: docs/DESIGN.md, section 4 'The job file')"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}, got {e.get('input')!r}"
     for op, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):

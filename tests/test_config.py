@@ -80,3 +80,35 @@ def test_invalid_yaml_names_the_line(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read the job file"):
         load_job(tmp_path / "nope.yaml")
+
+
+def test_unknown_key_proposes_the_nearest_and_points_to_the_docs(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "generation:\n  max_new_token: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(job)
+    assert str(e.value).startswith(
+        f"{job}:2 generation.max_new_token: unknown key; did you mean generation.max_new_tokens?"
+    )
+    assert "docs/DESIGN.md" in str(e.value)
+
+
+def test_unknown_key_in_the_wrong_section_proposes_its_home(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "model:\n  temperature: 0.5\n")
+    with pytest.raises(ConfigError, match="did you mean generation.temperature"):
+        load_job(job)
+
+
+def test_bad_set_value_is_blamed_on_the_argument(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\ngeneration:\n  temperature: 0.5\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(job, ["generation.temperature=-1"])
+    assert str(e.value) == (
+        "--set generation.temperature=-1: generation.temperature must be >= 0.0, got -1"
+    )
+
+
+def test_unknown_executor_is_a_config_error(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(job, executor="foo")
+    assert str(e.value) == "--executor foo: executor must be one of 'local' or 'ray', got 'foo'"
