@@ -302,7 +302,7 @@ def test_one_output_or_error_line_per_input_line(batch_run):
     assert got == {
         ("bad-url", 4, "unknown_endpoint"),
         ("chat-1", 5, "duplicate_custom_id"),
-        (None, 6, "malformed_json"),
+        ("requests.jsonl:5", 6, "malformed_json"),
         ("n-two", 7, "unsupported"),
         ("logprobs", 9, "unsupported"),
     }

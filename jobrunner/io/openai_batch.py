@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,18 @@ from jobrunner.types import RowError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+# Azure OpenAI's batch files name the endpoints without the version prefix.
+ALIASES = {
+    CHAT: CHAT,
+    COMPLETIONS: COMPLETIONS,
+    "/chat/completions": CHAT,
+    "/completions": COMPLETIONS,
+}
+# Rejections the API answers with an HTTP 400 (a request it refuses), not a batch-level error.
+CONTEXT_ERRORS = {"too_long", "prompt_too_long"}
 OUTPUT_FILE = "output.jsonl"
 BATCH_FILE = "batch.json"
+ERRORS_FILE = "errors.jsonl"
 
 
 @dataclass
@@ -40,6 +51,11 @@ class BatchLineError(RowError):
     """A per-line error that knows the line's custom_id (None when the line has none)."""
 
     custom_id: str | None = None
+
+
+def endpoint(url: Any) -> str | None:
+    """The endpoint a line's url names (CHAT or COMPLETIONS), or None when it names neither."""
+    return ALIASES.get(url) if isinstance(url, str) else None
 
 
 @reader("openai-batch")
@@ -59,17 +75,37 @@ def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
 
 
 def error_record(e: RowError) -> dict[str, Any]:
-    """An errors.jsonl line: the Batch API's shape first, then jobrunner's own fields."""
+    """An errors.jsonl line: the Batch API's shape first, then jobrunner's own fields.
+
+    A line without a usable custom_id is named by its derived id (file:row), so every error
+    line has a string custom_id. A prompt too long for the model is answered as the API answers
+    it: `response` holds an HTTP 400 with an `invalid_request_error` body and `error` is null.
+    """
     custom_id = e.custom_id if isinstance(e, BatchLineError) else e.id
     own = e.to_json()
+    rid = _hash(str(own["id"]), str(own["line"]), str(own["row"]))
     line = own["line"] if own["line"] is not None else own["row"]
-    return {
-        "id": own.pop("id"),
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": e.code, "message": e.message, "param": e.field, "line": line},
-        **own,
-    }
+    head = {"id": own.pop("id"), "custom_id": custom_id or own_id(e)}
+    if e.code in CONTEXT_ERRORS:
+        param = (e.field or "").removeprefix("body.") or None
+        error = {
+            "message": e.message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "context_length_exceeded",
+        }
+        response = {"status_code": 400, "request_id": f"req_{rid}", "body": {"error": error}}
+        return {**head, "response": response, "error": None, **own}
+    error = {"code": e.code, "message": e.message, "param": e.field, "line": line}
+    return {**head, "response": None, "error": error, **own}
+
+
+def own_id(e: RowError) -> str:
+    """The id jobrunner gives a line: its row id, else file:row."""
+    if e.id:
+        return e.id
+    src = e.source
+    return f"{os.path.basename(src.file)}:{src.row}" if src else "unknown"
 
 
 # ---------------------------------------------------------------- output.jsonl
@@ -134,7 +170,7 @@ BODIES = {CHAT: chat_body, COMPLETIONS: completion_body}
 def output_line(rec: dict[str, Any], salt: str, created: int) -> dict[str, Any]:
     """One succeeded shard record as a Batch API output line (ids are stable per job + row)."""
     rid = _hash(salt, str(rec["id"]))
-    body = BODIES.get(rec.get("url"), chat_body)(rec, rid, created)
+    body = BODIES[endpoint(rec.get("url")) or CHAT](rec, rid, created)
     return {
         "id": f"batch_req_{rid}",
         "custom_id": rec["id"],
@@ -165,13 +201,13 @@ def finalize(rundir, manifest, cfg) -> None:
     salt = json.dumps(manifest.fingerprint, sort_keys=True)
     path = rundir.path / OUTPUT_FILE
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    totals, endpoints = Totals(), set()
+    totals, endpoints = Totals(), Counter()
     try:
         with open(tmp, "w", encoding="utf-8") as out:
             for rec, created in _succeeded(rundir.shard_files()):
                 out.write(json.dumps(output_line(rec, salt, created), ensure_ascii=False) + "\n")
                 totals.add(rec)
-                endpoints.add(rec.get("url") or CHAT)
+                endpoints[endpoint(rec.get("url")) or CHAT] += 1
         fsync_file(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)
@@ -192,20 +228,29 @@ def _succeeded(shards: list[Path]) -> Iterator[tuple[dict[str, Any], int]]:
 
 
 def batch_object(
-    cfg, manifest, salt: str, t: Totals, failed: int, endpoints: set[str]
+    cfg, manifest, salt: str, t: Totals, failed: int, endpoints: Counter
 ) -> dict[str, Any]:
-    """A Batch object (openai.types.Batch) describing the finished job."""
+    """A Batch object (openai.types.Batch) describing the finished job.
+
+    `endpoint` is one API endpoint, as a Batch has: that of most succeeded lines (a file may mix
+    chat and completions lines; `metadata.endpoints` then lists each with its count).
+    `error_file_id` is null when no line failed, as the API has it.
+    """
     now = int(time.time())
+    main = max(sorted(endpoints), key=endpoints.__getitem__) if endpoints else CHAT
+    metadata = {"job": cfg.name, "cost_usd": f"{t.cost_usd:.12f}"}
+    if len(endpoints) > 1:
+        metadata["endpoints"] = ",".join(f"{k}={endpoints[k]}" for k in sorted(endpoints))
     return {
         "id": f"batch_{_hash(salt)}",
         "object": "batch",
-        "endpoint": ",".join(sorted(endpoints)) or CHAT,
+        "endpoint": main,
         "errors": None,
         "input_file_id": cfg.input.path,
         "completion_window": "24h",
         "status": "completed",
         "output_file_id": OUTPUT_FILE,
-        "error_file_id": "errors.jsonl",
+        "error_file_id": ERRORS_FILE if failed else None,
         "created_at": int(manifest.started_at or now),
         "in_progress_at": int(manifest.started_at or now),
         "finalizing_at": now,
@@ -223,7 +268,7 @@ def batch_object(
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": t.prompt_tokens + t.completion_tokens,
         },
-        "metadata": {"job": cfg.name, "cost_usd": f"{t.cost_usd:.12f}"},
+        "metadata": metadata,
     }
 
 

@@ -35,6 +35,7 @@ class RawRow:
 
 
 Item = RawRow | RowError
+BOM = b"\xef\xbb\xbf"
 Reader = Callable[[str, int], Iterator[Item]]
 READERS: dict[str, Reader] = {}
 
@@ -150,14 +151,19 @@ def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
                 continue
             ref = RowRef(file, row, line=lineno)
             row += 1
-            yield parse_json_line(raw, ref)
+            # Windows tools (and Azure's samples) start a file with a UTF-8 byte-order mark.
+            yield parse_json_line(raw.removeprefix(BOM) if lineno == 1 else raw, ref)
 
 
 def parse_json_line(raw: bytes, ref: RowRef) -> Item:
+    """One line's object. Error columns are 1-based characters, as an editor counts them."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return RowError("invalid_utf8", f"{ref}: the line is not valid UTF-8 (byte {e.start})", ref)
+        column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
+        return RowError(
+            "invalid_utf8", f"{ref}: the line is not valid UTF-8 at column {column}", ref
+        )
     try:
         values = json.loads(text)
     except json.JSONDecodeError as e:

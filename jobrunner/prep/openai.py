@@ -14,14 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jobrunner.io.openai_batch import CHAT, COMPLETIONS, BatchLineError
+from jobrunner.io.openai_batch import CHAT, COMPLETIONS, BatchLineError, endpoint
 from jobrunner.prep.prepare import PREPARERS, Preparer, derived_id
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.types import Request, RowError, SamplingParams
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = (CHAT, COMPLETIONS)
 SEED_MASK = (1 << 63) - 1
 
 # Options that change what a response holds; rejected per line until supported (null, false and
@@ -142,7 +141,8 @@ class OpenAIPreparer(Preparer):
                 row_id,
                 "body.prompt",
             )
-        req = self._request(row_id, raw, line.text, line.token_ids, line.sampling)
+        field = "body.messages" if line.endpoint == CHAT else "body.prompt"
+        req = self._request(row_id, raw, line.text, line.token_ids, line.sampling, field)
         if isinstance(req, Request):
             if line.seed is not None:  # OpenAI's seed: same seed and prompt, same sample
                 req.seq_seed = line.seed & SEED_MASK
@@ -183,10 +183,12 @@ def parse_line(
     method = values.get("method", "POST")
     if method != "POST":
         raise RenderError("bad_method", f"method must be POST, got {method!r}", "method")
-    url = values.get("url")
-    if url not in ENDPOINTS:
+    url = endpoint(values.get("url"))
+    if url is None:
         raise RenderError(
-            "unknown_endpoint", f"url {url!r} is not supported (use {CHAT} or {COMPLETIONS})", "url"
+            "unknown_endpoint",
+            f"url {values.get('url')!r} is not supported (use {CHAT} or {COMPLETIONS})",
+            "url",
         )
     body = values.get("body")
     if not isinstance(body, dict):

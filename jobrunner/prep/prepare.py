@@ -144,7 +144,9 @@ class Preparer:
         text: str,
         ids: list[int],
         sampling: SamplingParams | None = None,
+        prompt_field: str | None = None,
     ) -> Request | RowError:
+        """`prompt_field` names the prompt in a too-long error (default: the prompt column)."""
         limit = self.cfg.model.max_model_len - 1  # room for at least one new token
         if len(ids) > limit:
             policy = self.cfg.input.on_too_long
@@ -157,7 +159,7 @@ class Preparer:
                     " truncate_left or truncate_right to cut the prompt)",
                     raw.source,
                     row_id,
-                    self.cfg.input.prompt.column,
+                    prompt_field or self.cfg.input.prompt.column,
                 )
             ids = ids[-limit:] if policy == "truncate_left" else ids[:limit]
         room = self.cfg.model.max_model_len - len(ids)

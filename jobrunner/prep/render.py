@@ -108,11 +108,38 @@ def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RenderError("bad_type", f"{column}[{i}] must be an object with a role", column)
         content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if isinstance(content, list):
+            content = content_text(content, f"{column}[{i}].content")
         if not isinstance(content, str):
             raise RenderError("bad_type", f"{column}[{i}].content must be a string", column)
         out.append({"role": m["role"], "content": content})
     if not any(m["content"].strip() for m in out):
         raise RenderError("empty_prompt", f"every message in {column!r} is empty", column)
     return out
+
+
+# Parts that carry text, and the key holding it (an assistant's refusal is text too).
+TEXT_PARTS = {"text": "text", "refusal": "refusal"}
+
+
+def content_text(parts: list[Any], where: str) -> str:
+    """OpenAI content parts as one string: text parts joined with a newline, as vLLM and
+    SGLang join them. Any other part (image_url, input_audio, file) is refused: the model reads
+    text only, and dropping the part would answer a question nobody asked."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS:
+            raise RenderError(
+                "unsupported",
+                f"{where}[{j}].type {kind!r} is not supported: this model reads text only"
+                " (send text parts, or remove the part)",
+                f"{where}[{j}].type",
+            )
+        text = part.get(TEXT_PARTS[kind])
+        if not isinstance(text, str):
+            raise RenderError(
+                "bad_type", f"{where}[{j}].{TEXT_PARTS[kind]} must be a string", f"{where}[{j}]"
+            )
+        texts.append(text)
+    return "\n".join(texts)
