@@ -42,8 +42,7 @@ class Scan:
 
 
 def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int = 0) -> Scan:
-    from jobrunner.io.readers import read_rows
-    from jobrunner.prep.prepare import make_preparer
+    from jobrunner.formats import make_preparer, read_rows
     from jobrunner.prep.stream import dedup_key
 
     s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), set()
@@ -161,7 +160,7 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
 
 def calibrate_run(cfg: JobConfig, sample: list[Any]) -> tuple[StepModel, float]:
     """Generate the sampled rows with the real model: the measured step model and mean length."""
-    from jobrunner.engine.base import make_engine
+    from jobrunner.engine.engines import make_engine
     from jobrunner.engine.loader import load_model
     from jobrunner.engine.quant import apply_quantization
 
@@ -184,9 +183,9 @@ def calibrate_run(cfg: JobConfig, sample: list[Any]) -> tuple[StepModel, float]:
 
 def model_size(cfg: JobConfig) -> tuple[int, int]:
     """(parameters, bytes per parameter at run time), read from headers, not weights."""
-    from jobrunner.engine.loader import _local_dir_or_gguf
+    from jobrunner.engine.loader import local_dir_or_gguf
 
-    where = Path(_local_dir_or_gguf(cfg.model))
+    where = Path(local_dir_or_gguf(cfg.model))
     n = sum(_safetensors_params(f) for f in where.glob("*.safetensors")) if where.is_dir() else 0
     if not n:
         n = _config_params(where)
@@ -212,12 +211,12 @@ def kv_bytes_per_token(cfg: JobConfig) -> int:
     the model's dtype, or model.kv_cache_dtype (16 bits; 8-bit codes plus a scale per head)."""
     import torch
 
-    from jobrunner.engine.loader import _local_dir_or_gguf
+    from jobrunner.engine.loader import local_dir_or_gguf
     from jobrunner.engine.paged.kv_cache import kv_bytes_per_token as cache_bytes
 
     dtype = {4: torch.float32, 2: torch.bfloat16}[compute_dtype_bytes(cfg)]
     try:
-        c = _hf_config(Path(_local_dir_or_gguf(cfg.model)))
+        c = _hf_config(Path(local_dir_or_gguf(cfg.model)))
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads

@@ -15,11 +15,12 @@ from typing import Any
 
 from jobrunner.config import JobConfig
 from jobrunner.errors import InputDataError, Interrupted
+from jobrunner.formats import output_format
 from jobrunner.io.committer import Committer
-from jobrunner.io.outputs import output_format
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import detect_device
+from jobrunner.telemetry.model import load_report
 from jobrunner.telemetry.prices import hourly_rate
 from jobrunner.telemetry.progress import Progress
 from jobrunner.telemetry.report import write_reports
@@ -58,8 +59,8 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # a changed job is refused (78), even when this one is done
-        summary = _summary("nothing_to_do", rundir)
-        _check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
+        summary = job_summary("nothing_to_do", rundir)
+        check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
         return summary
     with (
         _stop_before_rows() as stop,
@@ -106,7 +107,7 @@ def _generate_sampled(
     telemetry,
     stop: SignalLatch,
 ) -> JobSummary:
-    from jobrunner.engine.base import make_engine
+    from jobrunner.engine.engines import make_engine
     from jobrunner.engine.loader import load_model
     from jobrunner.engine.quant.apply import check_engine, prepare_weights
     from jobrunner.prep.stream import PrepStream
@@ -162,10 +163,10 @@ def _generate_sampled(
             f"interrupted: {committer.rows_committed} rows committed to"
             f" {rundir.path}; run the same command again to continue"
         )
-    _finalize_output(cfg, rundir, manifest)
+    finalize_output(cfg, rundir, manifest)
     rundir.mark_success(manifest)
-    summary = _summary("done", rundir)
-    _check_error_rate(cfg, summary)
+    summary = job_summary("done", rundir)
+    check_error_rate(cfg, summary)
     return summary
 
 
@@ -241,15 +242,14 @@ def _record_run(
     )
 
 
-def _summary(status: str, rundir: RunDir) -> JobSummary:
-    from jobrunner.telemetry.report import load_report
+def job_summary(status: str, rundir: RunDir) -> JobSummary:
 
     report = write_reports(rundir) if status != "nothing_to_do" else load_report(rundir.path)
     rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}
     return JobSummary(status, str(rundir.path), rows, report["cost"]["cost_usd"], report)
 
 
-def _check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
+def check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
     total = summary.rows["succeeded"] + summary.rows["failed"]
     rate = summary.rows["failed"] / total if total else 0.0
     if rate > cfg.input.max_error_rate:
@@ -259,7 +259,7 @@ def _check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
         )
 
 
-def _finalize_output(cfg: JobConfig, rundir: RunDir, manifest: Manifest) -> None:
+def finalize_output(cfg: JobConfig, rundir: RunDir, manifest: Manifest) -> None:
     """Files the output format assembles from the committed shards (e.g. openai-batch)."""
     finalize = output_format(cfg.output.format).finalize
     if finalize:

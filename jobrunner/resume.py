@@ -19,7 +19,8 @@ from collections.abc import Iterator
 
 from jobrunner.config import JobConfig, fingerprint
 from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
-from jobrunner.io.readers import RawRow, input_files, read_rows
+from jobrunner.formats import input_files, make_preparer, read_rows
+from jobrunner.io.readers import RawRow
 from jobrunner.io.rundir import Manifest, RunDir
 
 MAX_DUPLICATES_LISTED = 10
@@ -47,7 +48,7 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
             _clear(rundir)
         total, duplicates = scan_ids(cfg)
         if duplicates:
-            raise InputDataError(_describe_duplicates(duplicates))
+            raise InputDataError(describe_duplicates(duplicates))
         manifest = rundir.prepare()
         _check_fingerprint(rundir, manifest, job_parts(cfg))
         if opts.retry_errors:
@@ -90,8 +91,6 @@ def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
 
 def _iter_ids(cfg: JobConfig) -> Iterator[tuple[str | None, object]]:
     """(id, item) for every input item; None where the row has no valid id."""
-    from jobrunner.prep.prepare import make_preparer
-
     preparer = make_preparer(cfg, tokenizer=None)
     for item in read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows):
         row_id = preparer.row_id(item) if isinstance(item, RawRow) else None
@@ -102,7 +101,7 @@ def _id_hash(row_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(row_id.encode(), digest_size=8).digest(), "little")
 
 
-def _describe_duplicates(duplicates: dict[str, list[str]]) -> str:
+def describe_duplicates(duplicates: dict[str, list[str]]) -> str:
     shown = list(duplicates.items())[:MAX_DUPLICATES_LISTED]
     lines = [f"  id {k!r} at {', '.join(v)}" for k, v in shown]
     more = len(duplicates) - len(shown)

@@ -7,7 +7,7 @@ from typing import Any
 
 from jobrunner.config import JobConfig
 from jobrunner.errors import InputDataError
-from jobrunner.io.readers import read_rows
+from jobrunner.formats import read_rows
 from jobrunner.types import RowError
 
 MAX_SHOWN = 20
@@ -18,12 +18,12 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
     import sys
 
     from jobrunner.engine.loader import load_tokenizer
-    from jobrunner.prep.prepare import make_preparer
-    from jobrunner.resume import _describe_duplicates, scan_ids
+    from jobrunner.formats import make_preparer
+    from jobrunner.resume import describe_duplicates, scan_ids
 
     total, duplicates = scan_ids(cfg)
     if duplicates:
-        raise InputDataError(_describe_duplicates(duplicates))
+        raise InputDataError(describe_duplicates(duplicates))
     preparer = make_preparer(cfg, load_tokenizer(cfg.model))
     codes: Counter[str] = Counter()
     lengths: list[int] = []

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from jobrunner.config import JobConfig, ModelConfig
-from jobrunner.engine.base import make_engine
+from jobrunner.engine.engines import make_engine
 from jobrunner.engine.loader import LoadedModel, load_model
 from jobrunner.engine.quant import apply_quantization, weight_bytes
 from jobrunner.engine.quant.quality import exact_prefix, nll_and_top1

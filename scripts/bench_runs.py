@@ -11,7 +11,6 @@ runs them all in one.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -110,16 +109,14 @@ def run_engine(
     kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
 ) -> tuple[int, float, object, list]:
     """(generated tokens, seconds, engine stats, each row's token ids in request order)."""
-    from jobrunner.engine.base import ENGINES
-
-    importlib.import_module(f"jobrunner.engine.{kind}")  # registers the kind
+    from jobrunner.engine.engines import ENGINES
 
     cfg = JobConfig()
     cfg.model.max_model_len = 4096  # the longest prompts (2,700 tokens) plus 256 new ones
     cfg.model.kv_cache_dtype = kv_cache_dtype
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
-    eng = ENGINES[kind](loaded, cfg)
+    eng = ENGINES.get(kind)(loaded, cfg)
     t0 = time.perf_counter()
     results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
     seconds = time.perf_counter() - t0

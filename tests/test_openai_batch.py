@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from jobrunner.cli import app
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.static import sampling_groups
-from jobrunner.io.openai_batch import BatchLineError, error_record
-from jobrunner.io.readers import read_rows
-from jobrunner.prep.openai import OpenAIPreparer, parse_line
-from jobrunner.prep.prepare import make_preparer
+from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats.openai_batch.output import error_record
+from jobrunner.formats.openai_batch.prepare import OpenAIPreparer, parse_line
+from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.render import RenderError
 from jobrunner.resume import scan_ids
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
@@ -205,7 +205,7 @@ def test_chat_uses_the_template_completions_the_raw_prompt(tmp_path, tokenizer, 
     )
     prep = make_preparer(cfg, tokenizer)
     assert isinstance(prep, OpenAIPreparer)
-    with caplog.at_level(logging.WARNING, logger="jobrunner.prep.openai"):
+    with caplog.at_level(logging.WARNING, logger="jobrunner.formats.openai_batch.prepare"):
         c, p, t, v = prep.prepare(read_rows(str(data), "openai-batch"))
     templated = tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, msgs[1]],
@@ -426,9 +426,6 @@ def test_the_format_modules_import_no_torch():
     import subprocess
     import sys
 
-    code = (
-        "import sys, jobrunner.io.openai_batch, jobrunner.prep.openai, jobrunner.io.outputs;"
-        " print('torch' in sys.modules)"
-    )
+    code = "import sys, jobrunner.formats, jobrunner.io.rundir; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from jobrunner.cli import app
 from jobrunner.config import JobConfig
-from jobrunner.io.openai_batch import error_record
-from jobrunner.io.readers import parse_json_line, read_rows
-from jobrunner.prep.openai import parse_line
-from jobrunner.prep.prepare import make_preparer
+from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats.jsonl import parse_json_line
+from jobrunner.formats.openai_batch.output import error_record
+from jobrunner.formats.openai_batch.prepare import parse_line
 from jobrunner.prep.render import RenderError
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 from tests.conftest import write_job

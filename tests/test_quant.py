@@ -167,7 +167,7 @@ def reqs(base) -> list[Request]:
 
 
 def generate(loaded, reqs, quant="none", kv="auto", kind="paged"):
-    from jobrunner.engine.base import make_engine
+    from jobrunner.engine.engines import make_engine
 
     cfg = JobConfig()
     cfg.model.quantization, cfg.model.kv_cache_dtype = quant, kv

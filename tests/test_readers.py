@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobrunner.errors import InputDataError
-from jobrunner.io.readers import RawRow, input_files, read_rows
+from jobrunner.formats import input_files, read_rows
+from jobrunner.io.readers import RawRow
 from jobrunner.types import RowError
 
 
@@ -75,7 +76,7 @@ def test_samples_exist_with_a_length_spread():
 
 
 def test_auto_format_recognises_an_openai_batch_file(tmp_path):
-    from jobrunner.io.readers import resolve_format
+    from jobrunner.formats import resolve_format
 
     batch = tmp_path / "requests.jsonl"
     batch.write_text(

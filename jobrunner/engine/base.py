@@ -1,12 +1,10 @@
 """The engine contract: Requests in (a stream), Results out (as rows finish).
 
-Engines are looked up by name in ENGINES; `make_engine` picks the one the job asks for and falls
-back to `static` (with a logged reason) when the paged engine does not cover the model.
+The engines are registered in engine/engines.py, which picks the one a job asks for.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,8 +15,6 @@ from jobrunner.types import Request, Result
 if TYPE_CHECKING:
     from jobrunner.config import JobConfig
     from jobrunner.engine.loader import LoadedModel
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,35 +65,3 @@ class Engine(ABC):
     def supports(cls, loaded: LoadedModel) -> str | None:
         """None when this engine can run the model, else the reason it cannot."""
         return None
-
-
-ENGINES: dict[str, type[Engine]] = {}
-
-
-def register(kind: str):
-    def deco(cls: type[Engine]) -> type[Engine]:
-        cls.kind = kind
-        ENGINES[kind] = cls
-        return cls
-
-    return deco
-
-
-def make_engine(loaded: LoadedModel, cfg: JobConfig) -> Engine:
-    import jobrunner.engine.static  # noqa: F401  (registers)
-
-    try:
-        import jobrunner.engine.paged  # noqa: F401  (registers)
-    except ImportError as e:  # pragma: no cover - only while the paged engine is absent
-        log.debug("paged engine unavailable: %s", e)
-
-    kind = cfg.engine.kind if cfg.engine.kind != "auto" else "paged"
-    cls = ENGINES.get(kind)
-    reason = "not available" if cls is None else cls.supports(loaded)
-    if reason:
-        log.warning("engine %r cannot run this model (%s); using the static engine", kind, reason)
-        cls = ENGINES["static"]
-        engine = cls(loaded, cfg)
-        engine.stats.notes.append(f"fell back from {kind} to static: {reason}")
-        return engine
-    return cls(loaded, cfg)

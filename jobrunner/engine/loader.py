@@ -46,7 +46,7 @@ def eos_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
     """The job's tokenizer alone (validate/estimate): no weights are read."""
-    return _tokenizer(_local_dir_or_gguf(cfg), cfg.trust_remote_code, cfg.revision)
+    return _tokenizer(local_dir_or_gguf(cfg), cfg.trust_remote_code, cfg.revision)
 
 
 def load_model(cfg: ModelConfig) -> LoadedModel:
@@ -112,7 +112,8 @@ def cpu_has_amx() -> bool:
     return "amx_bf16" in flags
 
 
-def _local_dir_or_gguf(cfg: ModelConfig) -> str:
+def local_dir_or_gguf(cfg: ModelConfig) -> str:
+    """Where the model's files are: its directory, or a GGUF file (or its converted cache)."""
     src = resolve_source(cfg.source)
     if src.kind == "gguf":
         cached = gguf_cache_path(src)

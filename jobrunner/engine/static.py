@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-from jobrunner.engine.base import Engine, register
+from jobrunner.engine.base import Engine
 from jobrunner.engine.finish import make_result
 from jobrunner.types import Request, Result
 
@@ -42,8 +42,9 @@ def pack_batches(
     return batches
 
 
-@register("static")
 class StaticEngine(Engine):
+    kind = "static"
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         it = iter(requests)
         window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)

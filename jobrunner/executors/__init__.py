@@ -1,24 +1,22 @@
 """Executors run a whole job: `local` (this process, the default) or `ray` (Ray Data).
 
-Looked up by name; each is a function `(JobConfig, RunOptions) -> JobSummary`.
+Looked up by name; each is a function `(JobConfig, RunOptions) -> JobSummary`. Both are
+registered lazily, so that listing them does not import ray.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from jobrunner.errors import ConfigError
+from jobrunner.registry import Registry
 
-EXECUTORS = {"local": "jobrunner.executors.local:run", "ray": "jobrunner.executors.ray:run"}
+EXECUTORS: Registry = Registry("executor")
+EXECUTORS.register_lazy("local", "jobrunner.executors.local:run")
+EXECUTORS.register_lazy("ray", "jobrunner.executors.ray:run")
 
 
 def run_with_executor(cfg, opts):
-    target = EXECUTORS.get(cfg.executor)
-    if target is None:
-        raise ConfigError(f"executor: must be one of {sorted(EXECUTORS)}, got {cfg.executor!r}")
-    module, _, name = target.partition(":")
     try:
-        fn = getattr(importlib.import_module(module), name)
+        fn = EXECUTORS.get(cfg.executor)
     except ImportError as e:
         raise ConfigError(
             f"executor {cfg.executor!r} is not available: {e}"

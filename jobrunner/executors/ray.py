@@ -35,14 +35,14 @@ from jobrunner.executors.ray_blocks import (
     next_run_tag,
     plan_blocks,
 )
-from jobrunner.io.outputs import output_format
+from jobrunner.formats import output_format
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.pipeline import (
     JobSummary,
     RunOptions,
-    _check_error_rate,
-    _finalize_output,
-    _summary,
+    check_error_rate,
+    finalize_output,
+    job_summary,
 )
 from jobrunner.resume import check_same_job, open_run
 from jobrunner.signals import SignalLatch, raise_on_signal
@@ -59,8 +59,8 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # as the local executor: a changed job is refused (78)
-        summary = _summary("nothing_to_do", rundir)
-        _check_error_rate(cfg, summary)
+        summary = job_summary("nothing_to_do", rundir)
+        check_error_rate(cfg, summary)
         return summary
     with raise_on_signal(_interrupted) as stop, open_run(rundir, cfg, opts) as (manifest, _, _n):
         return _run(cfg, rundir, manifest, opts, stop)
@@ -95,10 +95,10 @@ def _run(
             f"interrupted: the committed blocks are kept in {rundir.path}; run the"
             " same command again to continue"
         )
-    _finalize_output(cfg, rundir, manifest)
+    finalize_output(cfg, rundir, manifest)
     rundir.mark_success(manifest)
-    summary = _summary("done", rundir)
-    _check_error_rate(cfg, summary)
+    summary = job_summary("done", rundir)
+    check_error_rate(cfg, summary)
     return summary
 
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobrunner.config import JobConfig
-from jobrunner.io.readers import RawRow, read_rows
+from jobrunner.formats import make_preparer, read_rows
+from jobrunner.io.readers import RawRow
 from jobrunner.io.rundir import Manifest, RunDir
-from jobrunner.io.writers import SUFFIX, write_text_atomic
+from jobrunner.io.writers import write_text_atomic
 from jobrunner.types import RowError, RowRef
 
 FRAGMENTS_DIR = "ray-errors"
@@ -43,8 +44,6 @@ class Plan:
 
 def plan_blocks(cfg: JobConfig, skip_ids: set[str], block_rows: int) -> Plan:
     """Read the input once (our readers, our id rules); pending rows go in blocks of block_rows."""
-    from jobrunner.prep.prepare import make_preparer
-
     preparer = make_preparer(cfg, tokenizer=None)
     plan, cur = Plan(), []
     for item in read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows):
@@ -91,7 +90,7 @@ def next_run_tag(rundir: RunDir) -> str:
 
 
 def shard_path(rundir: RunDir, tag: str, block: int) -> Path:
-    return rundir.results / f"part-{tag}-b{block:05d}{SUFFIX[rundir.fmt]}"
+    return rundir.results / f"part-{tag}-b{block:05d}{rundir.shards.suffix}"
 
 
 def fragment_path(rundir: RunDir, tag: str, block: int) -> Path:

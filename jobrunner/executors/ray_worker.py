@@ -44,10 +44,10 @@ class BlockWorker:
         cpus: float,
         fault_marker: str | None = None,
     ) -> None:
-        from jobrunner.engine.base import make_engine
+        from jobrunner.engine.engines import make_engine
         from jobrunner.engine.loader import load_model
         from jobrunner.engine.quant import apply_quantization
-        from jobrunner.prep.prepare import make_preparer
+        from jobrunner.formats import make_preparer
 
         t0 = time.monotonic()
         self.cfg, self.tag, self.fault_marker = cfg, tag, fault_marker
@@ -118,7 +118,9 @@ class BlockWorker:
             write_fragment(fragment_path(self.rundir, self.tag, block), errors)
         if results:
             model = self.loaded.source.name
-            write_atomic([result_record(r, model) for r in results], shard, self.rundir.fmt)
+            write_atomic(
+                [result_record(r, model) for r in results], shard, self.rundir.shards.write
+            )
             self.last_commit = now
         self._fault_hook()
         ok = sum(r.ok for r in results)

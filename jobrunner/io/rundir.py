@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobrunner.io.writers import SUFFIX, fsync_dir, fsync_file, write_atomic, write_text_atomic
+from jobrunner.formats import FORMATS
+from jobrunner.io.writers import fsync_dir, fsync_file, write_atomic, write_text_atomic
 from jobrunner.types import RowError
 
 MANIFEST_VERSION = 1
@@ -59,7 +60,8 @@ class RunDir:
         error_record: Callable[[RowError], dict[str, Any]] | None = None,
     ) -> None:
         self.path = Path(path)
-        self.fmt = fmt
+        self.fmt = fmt  # the shards' format
+        self.shards = FORMATS.get(fmt)
         self.error_record = error_record or RowError.to_json  # the output format's line shape
         self.results = self.path / "results"
         self.manifest_path = self.path / "manifest.json"
@@ -151,7 +153,7 @@ class RunDir:
     def next_shard_name(self) -> str:
         # Only plain `part-NNNNN` names: other executors name theirs `part-r0001-b00000` etc.
         nums = [int(m[1]) for p in self.shard_files() if (m := re.match(r"part-(\d+)\.", p.name))]
-        return f"part-{(max(nums) + 1 if nums else 0):05d}{SUFFIX[self.fmt]}"
+        return f"part-{(max(nums) + 1 if nums else 0):05d}{self.shards.suffix}"
 
     def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
         """Commit finished rows and errors in the order of the module doc."""
@@ -167,7 +169,7 @@ class RunDir:
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
         if records:
             name = self.next_shard_name()
-            write_atomic(records, self.results / name, self.fmt)
+            write_atomic(records, self.results / name, self.shards.write)
             m.shards.append({"name": name, "rows": len(records)})
         _fault("after_shard", self._commits)
         ok = sum(r["finish_reason"] != "error" for r in records)
@@ -250,7 +252,8 @@ def _drop_failed_rows(path: Path) -> None:
         return
     kept = [r for r in read_shard(path) if r["finish_reason"] != "error"]
     if kept:
-        write_atomic(kept, path, "parquet" if path.suffix == ".parquet" else "jsonl")
+        fmt = "parquet" if path.suffix == ".parquet" else "jsonl"
+        write_atomic(kept, path, FORMATS.get(fmt).write)
     else:
         path.unlink()
         fsync_dir(path.parent)

@@ -1,29 +1,16 @@
-"""Write one result shard atomically: a temporary name, flush + fsync, then rename.
+"""Write files atomically: a temporary name, flush + fsync, then rename.
 
-Writers are looked up by output format; each writes a list of plain records to one path.
+A shard's records are written by its format's writer (formats/), passed in.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jobrunner.types import Result
-
-Writer = Callable[[list[dict[str, Any]], Path], None]
-WRITERS: dict[str, Writer] = {}
-SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
-
-
-def writer(fmt: str):
-    def deco(fn: Writer) -> Writer:
-        WRITERS[fmt] = fn
-        return fn
-
-    return deco
 
 
 def result_record(r: Result, model: str) -> dict[str, Any]:
@@ -41,11 +28,13 @@ def result_record(r: Result, model: str) -> dict[str, Any]:
     }
 
 
-def write_atomic(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
-    """`path` appears complete or not at all."""
+def write_atomic(
+    records: list[dict[str, Any]], path: Path, write: Callable[[list[dict[str, Any]], Path], None]
+) -> None:
+    """`path` appears complete (as `write(records, tmp)` made it) or not at all."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        WRITERS[fmt](records, tmp)
+        write(records, tmp)
         fsync_file(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)
@@ -82,30 +71,3 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-@writer("parquet")
-def write_parquet(records: list[dict[str, Any]], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pa.Table.from_pylist(records)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # Input columns of mixed types across rows: keep them, as JSON text.
-        table = pa.Table.from_pylist([_jsonify_mixed(r) for r in records])
-    pq.write_table(table, path)
-
-
-@writer("jsonl")
-def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
-
-
-def _jsonify_mixed(record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str)
-        for k, v in record.items()
-    }

@@ -45,15 +45,6 @@ def sampling_params(cfg: JobConfig) -> SamplingParams:
     )
 
 
-def make_preparer(cfg: JobConfig, tokenizer: Any) -> Preparer:
-    """The preparer for the job's input format (PREPARERS), else the column/template one."""
-    import jobrunner.prep.openai  # noqa: F401  (registers openai-batch)
-    from jobrunner.io.readers import resolve_format
-
-    fmt = resolve_format(cfg.input.path, cfg.input.format)
-    return PREPARERS.get(fmt, Preparer)(cfg, tokenizer)
-
-
 class Preparer:
     """Stateful per job: remembers, per input file, whether it carries an id column."""
 
@@ -191,6 +182,3 @@ class Preparer:
             for k, v in raw.values.items()
             if k != skip
         }
-
-
-PREPARERS: dict[str, type[Preparer]] = {}  # input format -> its preparer (default: Preparer)

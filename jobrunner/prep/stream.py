@@ -17,8 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from jobrunner.config import JobConfig
-from jobrunner.io.readers import read_rows
-from jobrunner.prep.prepare import make_preparer
+from jobrunner.formats import make_preparer, read_rows
 from jobrunner.types import Request, Result, RowError
 
 _END = object()

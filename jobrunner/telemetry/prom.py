@@ -10,6 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jobrunner.telemetry.model import load_report
+from jobrunner.telemetry.timeline import STEPS_FILE, read_timeline
+
 
 def build_registry(report: dict[str, Any], steps: list[dict[str, Any]] | None = None):
     import prometheus_client
@@ -91,17 +94,12 @@ def tpot(steps: list[dict[str, Any]]) -> float | None:
 def write_metrics(report: dict[str, Any], path: Path) -> None:
     from prometheus_client import write_to_textfile
 
-    from jobrunner.telemetry.timeline import STEPS_FILE, read_timeline
-
     write_to_textfile(str(path), build_registry(report, read_timeline(path.parent, STEPS_FILE)))
 
 
 def push_metrics(run_path: str | Path, url: str) -> None:
     """Push the run directory's metrics (from report.json) to a Pushgateway at `url`."""
     from prometheus_client import push_to_gateway
-
-    from jobrunner.telemetry.report import load_report
-    from jobrunner.telemetry.timeline import STEPS_FILE, read_timeline
 
     report = load_report(run_path)
     reg = build_registry(report, read_timeline(run_path, STEPS_FILE))

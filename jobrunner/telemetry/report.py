@@ -16,7 +16,11 @@ from jobrunner.io.writers import write_text_atomic
 from jobrunner.quant_check import report_section
 from jobrunner.telemetry.breakdown import time_breakdown
 from jobrunner.telemetry.cost import per_million
+from jobrunner.telemetry.model import iter_token_columns
 from jobrunner.telemetry.prices import api_equivalent
+from jobrunner.telemetry.prom import write_metrics
+from jobrunner.telemetry.report_html import to_html
+from jobrunner.telemetry.report_md import to_markdown
 from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
 
 # counters each run record carries and the report sums over runs (and Ray sums over workers)
@@ -29,7 +33,6 @@ ENGINE_COUNTERS = (
     "deduplicated",
 )
 
-TOKEN_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd", "finish_reason"]
 ESTIMATE_FILE = "estimate.json"
 
 
@@ -49,20 +52,6 @@ def row_totals(rundir: RunDir) -> dict[str, Any]:
         fr = t["finish_reasons"]
         fr[rec["finish_reason"]] = fr.get(rec["finish_reason"], 0) + 1
     return t
-
-
-def iter_token_columns(rundir: RunDir):
-    import pyarrow.parquet as pq
-
-    for f in rundir.shard_files():
-        if f.suffix == ".parquet":
-            yield from pq.read_table(f, columns=TOKEN_COLUMNS).to_pylist()
-        else:
-            with open(f, encoding="utf-8") as fh:
-                for line in fh:
-                    if line.strip():
-                        rec = json.loads(line)
-                        yield {k: rec.get(k) for k in TOKEN_COLUMNS}
 
 
 def build_report(rundir: RunDir) -> dict[str, Any]:
@@ -204,17 +193,9 @@ def compare_estimate(path: Path, report: dict[str, Any]) -> dict[str, Any] | Non
 
 
 def write_reports(rundir: RunDir) -> dict[str, Any]:
-    from jobrunner.telemetry.prom import write_metrics
-    from jobrunner.telemetry.report_html import to_html
-    from jobrunner.telemetry.report_md import to_markdown
-
     report = build_report(rundir)
     write_text_atomic(rundir.path / "report.json", json.dumps(report, indent=2, sort_keys=True))
     write_text_atomic(rundir.path / "report.md", to_markdown(report))
     write_text_atomic(rundir.path / "report.html", to_html(report, rundir))
     write_metrics(report, rundir.path / "metrics.prom")
     return report
-
-
-def load_report(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "report.json").read_text(encoding="utf-8"))

@@ -13,6 +13,7 @@ from typing import Any
 
 from jobrunner.io.rundir import RunDir
 from jobrunner.telemetry import charts
+from jobrunner.telemetry.model import iter_token_columns
 from jobrunner.telemetry.report_md import api_table, estimate_table, fmt, time_table, usd
 from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
 
@@ -44,8 +45,6 @@ COUNT = (
 
 
 def to_html(report: dict[str, Any], rundir: RunDir) -> str:
-    from jobrunner.telemetry.report import iter_token_columns
-
     steps = read_timeline(rundir.path, STEPS_FILE)
     samples = read_timeline(rundir.path, DEVICE_FILE)
     rows = [r for r in iter_token_columns(rundir) if r["finish_reason"] != "error"]

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from jobrunner.engine.paged import cpu_kernels, triton_attention
-from jobrunner.engine.paged.kv_cache import to_cache_dtype
+from jobrunner.engine.paged.cache_dtype import to_cache_dtype
 
 
 @dataclass

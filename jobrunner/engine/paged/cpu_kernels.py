@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from jobrunner.engine.paged.kv_cache import to_cache_dtype
+from jobrunner.engine.paged.cache_dtype import to_cache_dtype
 from jobrunner.engine.resolve import cache_dir
 
 log = logging.getLogger(__name__)

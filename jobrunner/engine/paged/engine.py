@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from jobrunner.engine.base import Engine, register
+from jobrunner.engine.base import Engine
 from jobrunner.engine.paged.detok import Detokenizer, FinishedRow, make_result
 from jobrunner.engine.paged.kv_cache import kv_cache_for
 from jobrunner.engine.paged.model import PagedCausalLM, unsupported_reason
@@ -42,10 +42,11 @@ def is_oom(e: BaseException) -> bool:
     )
 
 
-@register("paged")
 class PagedEngine(Engine):
     """`generate(requests)` pulls requests lazily (the waiting queue holds at most about
     2 x max_num_seqs) and yields each row's Result as soon as its text is final."""
+
+    kind = "paged"
 
     @classmethod
     def supports(cls, loaded) -> str | None:

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from jobrunner.engine.paged import cpu_kernels
+
 log = logging.getLogger(__name__)
 
 CPU_MAX_BYTES = 4 << 30
 HALF_FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-FLOAT16_MAX = 65504.0
 
 
 @dataclass
@@ -52,17 +53,6 @@ def kv_bytes_per_token(
         return quantized(num_layers, num_kv_heads, head_dim, kv_format)
     dtype = HALF_FORMATS.get(kv_format, dtype)
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
-
-
-def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """New K/V rows in a 16-bit cache's dtype. float16 saturates at its largest finite value
-    (as the 8-bit formats clamp to theirs) instead of storing inf, which would make every score
-    against that row NaN."""
-    if x.dtype == dtype:
-        return x
-    if dtype == torch.float16:
-        x = x.clamp(-FLOAT16_MAX, FLOAT16_MAX)
-    return x.to(dtype)
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -109,8 +99,6 @@ def allocate_kv_cache(
 
         layers = allocate(num_layers, shape, kv_format, dtype, device)
     else:
-        from jobrunner.engine.paged import cpu_kernels
-
         stored = HALF_FORMATS.get(kv_format, dtype)
         new = torch.empty if cpu_kernels.decode_supported(stored, device) else torch.zeros
         layers = [

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobrunner.engine.quant import fp8, int4, int8, none  # noqa: F401  (register)
 from jobrunner.engine.quant.base import (
-    QUANTIZERS,
     Quantizer,
     QuantSummary,
-    get_quantizer,
     linear_names,
     quantize_model,
     weight_bytes,
+)
+from jobrunner.engine.quant.fp8 import Fp8Quantizer
+from jobrunner.engine.quant.int4 import Int4Quantizer
+from jobrunner.engine.quant.int8 import Int8Quantizer
+from jobrunner.engine.quant.none import NoQuantizer
+from jobrunner.registry import Registry
+
+QUANTIZERS: Registry[type[Quantizer]] = Registry(
+    "model.quantization",
+    {q.name: q for q in (NoQuantizer, Int8Quantizer, Int4Quantizer, Fp8Quantizer)},
 )
 
 __all__ = [
@@ -29,6 +36,10 @@ __all__ = [
     "quantize_model",
     "weight_bytes",
 ]
+
+
+def get_quantizer(name: str) -> Quantizer:
+    return QUANTIZERS.get(name)()
 
 
 def check_quantization(cfg: Any, device: Any, dtype: Any) -> Quantizer:

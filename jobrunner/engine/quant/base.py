@@ -47,24 +47,6 @@ class Quantizer:
         return None
 
 
-QUANTIZERS: dict[str, type[Quantizer]] = {}
-
-
-def register(name: str):
-    def deco(cls: type[Quantizer]) -> type[Quantizer]:
-        cls.name = name
-        QUANTIZERS[name] = cls
-        return cls
-
-    return deco
-
-
-def get_quantizer(name: str) -> Quantizer:
-    if name not in QUANTIZERS:
-        raise ConfigError(f"model.quantization: {name!r} is not one of {', '.join(QUANTIZERS)}")
-    return QUANTIZERS[name]()
-
-
 @dataclass
 class QuantSummary:
     """What `quantize_model` did; goes into the manifest's run record."""

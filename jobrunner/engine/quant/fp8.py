@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jobrunner.engine.quant.base import Quantizer, flat, register
+from jobrunner.engine.quant.base import Quantizer, flat
 from jobrunner.errors import ConfigError
 
 FP8 = torch.float8_e4m3fn
@@ -48,8 +48,8 @@ class Fp8Embedding(nn.Module):
         return (rows.float() * self.scale[ids]).to(self.dtype)
 
 
-@register("fp8")
 class Fp8Quantizer(Quantizer):
+    name = "fp8"
     bits = 8
 
     def check(self, device, dtype) -> None:

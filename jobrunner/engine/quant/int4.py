@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jobrunner.engine.quant.base import Quantizer, flat, register
+from jobrunner.engine.quant.base import Quantizer, flat
 from jobrunner.errors import ConfigError
 
 GROUP_SIZE = 64
@@ -65,8 +65,8 @@ class Int4Embedding(nn.Module):
         return ((g - 8) * self.scale[ids, :, None] + self.zero[ids, :, None]).flatten(-2)
 
 
-@register("int4")
 class Int4Quantizer(Quantizer):
+    name = "int4"
     bits = 4
 
     def __init__(self, group_size: int = GROUP_SIZE):

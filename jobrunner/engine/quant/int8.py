@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jobrunner.engine.quant.base import Quantizer, flat, register
+from jobrunner.engine.quant.base import Quantizer, flat
 
 WEIGHT_ONLY_MAX_ROWS = 32  # the int8 kernel's break-even against bf16 on this host
 # float32 activations: the kernel has no fast float32 path (16 rows x SmolLM2's lm_head: 236 ms,
@@ -65,8 +65,8 @@ class Int8Embedding(nn.Module):
         return self.qweight[ids].to(self.scale.dtype) * self.scale[ids, None]
 
 
-@register("int8")
 class Int8Quantizer(Quantizer):
+    name = "int8"
     bits = 8
 
     def quantize_weight(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:

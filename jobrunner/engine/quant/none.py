@@ -1,8 +1,7 @@
 """`quantization: none`: the model as loaded."""
 
-from jobrunner.engine.quant.base import Quantizer, register
+from jobrunner.engine.quant.base import Quantizer
 
 
-@register("none")
 class NoQuantizer(Quantizer):
-    pass
+    name = "none"

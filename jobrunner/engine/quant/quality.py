@@ -61,7 +61,7 @@ def generate_tokens(
     loaded: Any, cfg: Any, reqs: list[Request], kv_cache_dtype: str
 ) -> dict[str, list[int]]:
     """Completion tokens per request id, from the job's engine kind with a small KV cache."""
-    from jobrunner.engine.base import make_engine
+    from jobrunner.engine.engines import make_engine
 
     tokens = sum(r.num_prompt_tokens + r.sampling.max_new_tokens for r in reqs) + 64 * len(reqs)
     job = cfg.model_copy(deep=True)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jobrunner.io.openai_batch import CHAT, COMPLETIONS, BatchLineError, endpoint
-from jobrunner.prep.prepare import PREPARERS, Preparer, derived_id
+from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
+from jobrunner.prep.prepare import Preparer, derived_id
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.types import Request, RowError, SamplingParams
 
@@ -168,9 +168,6 @@ class OpenAIPreparer(Preparer):
         for key in sorted(set(body) - HONOURED - set(UNSUPPORTED) - self._warned):
             self._warned.add(key)
             log.warning("%s: body.%s is not used (warned once)", raw.source, key)
-
-
-PREPARERS["openai-batch"] = OpenAIPreparer
 
 
 # ---------------------------------------------------------------------- body parsing

@@ -1,7 +1,4 @@
-"""OpenAI Batch API files: the input reader and the output format.
-
-Input lines are `{"custom_id", "method", "url", "body"}` (prep/openai.py turns bodies into
-Requests). Output, in the run directory:
+"""OpenAI Batch API output, in the run directory:
   output.jsonl  one line per succeeded request, shaped like the Batch API's output file:
                 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`
                 with a `chat.completion` or `text_completion` body;
@@ -25,50 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobrunner.io.outputs import OUTPUT_FORMATS, OutputFormat
-from jobrunner.io.readers import Item, read_jsonl, reader
+from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
 from jobrunner.io.writers import fsync_dir, fsync_file, write_text_atomic
 from jobrunner.types import RowError
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-# Azure OpenAI's batch files name the endpoints without the version prefix.
-ALIASES = {
-    CHAT: CHAT,
-    COMPLETIONS: COMPLETIONS,
-    "/chat/completions": CHAT,
-    "/completions": COMPLETIONS,
-}
 # Rejections the API answers with an HTTP 400 (a request it refuses), not a batch-level error.
 CONTEXT_ERRORS = {"too_long", "prompt_too_long"}
 OUTPUT_FILE = "output.jsonl"
 BATCH_FILE = "batch.json"
 ERRORS_FILE = "errors.jsonl"
-
-
-@dataclass
-class BatchLineError(RowError):
-    """A per-line error that knows the line's custom_id (None when the line has none)."""
-
-    custom_id: str | None = None
-
-
-def endpoint(url: Any) -> str | None:
-    """The endpoint a line's url names (CHAT or COMPLETIONS), or None when it names neither."""
-    return ALIASES.get(url) if isinstance(url, str) else None
-
-
-@reader("openai-batch")
-def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
-    """JSONL lines; an unparseable line gets its derived id so a rerun does not redo it."""
-    from jobrunner.prep.prepare import derived_id
-
-    for item in read_jsonl(file, batch_rows):
-        if isinstance(item, RowError):
-            item = BatchLineError(
-                item.code, item.message, item.source, derived_id(item.source), item.field
-            )
-        yield item
 
 
 # ---------------------------------------------------------------- errors.jsonl
@@ -270,6 +232,3 @@ def batch_object(
         },
         "metadata": metadata,
     }
-
-
-OUTPUT_FORMATS["openai-batch"] = OutputFormat("jsonl", error_record, finalize)

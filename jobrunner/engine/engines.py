@@ -1,0 +1,37 @@
+"""The engines by `engine.kind`, and `make_engine`, which picks the one a job asks for.
+
+It falls back to `static` (with a logged reason, and a note in the report) when the paged
+engine does not cover the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from jobrunner.engine.base import Engine
+from jobrunner.engine.paged import PagedEngine
+from jobrunner.engine.static import StaticEngine
+from jobrunner.registry import Registry
+
+if TYPE_CHECKING:
+    from jobrunner.config import JobConfig
+    from jobrunner.engine.loader import LoadedModel
+
+log = logging.getLogger(__name__)
+
+ENGINES: Registry[type[Engine]] = Registry(
+    "engine.kind", {e.kind: e for e in (PagedEngine, StaticEngine)}
+)
+
+
+def make_engine(loaded: LoadedModel, cfg: JobConfig) -> Engine:
+    kind = cfg.engine.kind if cfg.engine.kind != "auto" else "paged"
+    cls = ENGINES.get(kind)
+    reason = cls.supports(loaded)
+    if reason:
+        log.warning("engine %r cannot run this model (%s); using the static engine", kind, reason)
+        engine = ENGINES.get("static")(loaded, cfg)
+        engine.stats.notes.append(f"fell back from {kind} to static: {reason}")
+        return engine
+    return cls(loaded, cfg)

@@ -1,0 +1,73 @@
+"""Data formats, by `input.format` / `output.format`: every built-in one is registered here.
+
+A format is one module (or folder) holding its reader, preparer and writer (formats/base.py
+says what each role is). To add one, see "Add a format" in docs/DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jobrunner.errors import ConfigError, InputDataError
+from jobrunner.formats import csv, jsonl, openai_batch, parquet
+from jobrunner.formats.base import Format
+from jobrunner.io.readers import Item, find_files
+from jobrunner.prep.prepare import Preparer
+from jobrunner.registry import Registry
+
+FORMATS: Registry[Format] = Registry(
+    "format", {f.name: f for f in (parquet.FORMAT, jsonl.FORMAT, csv.FORMAT, openai_batch.FORMAT)}
+)
+
+
+def input_format(name: str) -> Format:
+    readable = {f.name: f for f in FORMATS.values() if f.read}
+    if name not in readable:
+        raise ConfigError(f"input.format: {name!r} is not one of {', '.join(readable)}")
+    return readable[name]
+
+
+def output_format(name: str) -> Format:
+    writable = {f.name: f for f in FORMATS.values() if f.writable}
+    if name not in writable:
+        raise ConfigError(f"output.format: {name!r} is not one of {', '.join(writable)}")
+    return writable[name]
+
+
+def shard_format(name: str) -> Format:
+    """The format result shards of `output.format: name` are written in."""
+    return FORMATS.get(output_format(name).shard_format)
+
+
+def input_files(path: str) -> list[str]:
+    """The files a job reads: a file, every file of a known format in a directory, a glob."""
+    return find_files(path, {s for f in FORMATS.values() for s in f.suffixes})
+
+
+def detect_format(file: str, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    suffix = Path(file).suffix.lower()
+    kind = next((f.name for f in FORMATS.values() if suffix in f.suffixes), None)
+    if kind is None:
+        raise InputDataError(f"{file}: cannot tell the format from {suffix!r}; set input.format")
+    return next((f.name for f in FORMATS.values() if f.claims and f.claims(file, kind)), kind)
+
+
+def resolve_format(path: str, fmt: str) -> str:
+    """The job's input format, with `auto` resolved from the first input file."""
+    return fmt if fmt != "auto" else detect_format(input_files(path)[0], fmt)
+
+
+def read_rows(path: str, fmt: str = "auto", batch_rows: int = 1024) -> Iterator[Item]:
+    """Every input row (RawRow) or unparseable row (RowError), file by file, in order."""
+    for file in input_files(path):
+        yield from input_format(detect_format(file, fmt)).read(file, batch_rows)
+
+
+def make_preparer(cfg: Any, tokenizer: Any) -> Preparer:
+    """The preparer for the job's input format (its own, else the column/template one)."""
+    fmt = input_format(resolve_format(cfg.input.path, cfg.input.format))
+    return (fmt.preparer or Preparer)(cfg, tokenizer)

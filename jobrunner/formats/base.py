@@ -1,0 +1,45 @@
+"""What a data format is: a reader (input), a preparer (rows -> Requests), a writer (shards).
+
+A format fills in the roles it has; `formats/__init__.py` registers every built-in one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobrunner.io.readers import Item
+from jobrunner.types import RowError
+
+if TYPE_CHECKING:
+    from jobrunner.prep.prepare import Preparer
+
+Reader = Callable[[str, int], Iterator[Item]]  # (file, batch_rows) -> its rows, in order
+Writer = Callable[[list[dict[str, Any]], Path], None]  # (records, path): one shard file
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    # input
+    suffixes: tuple[str, ...] = ()  # files `input.format: auto` reads as this format
+    read: Reader | None = None
+    claims: Callable[[str, str], bool] | None = None  # (file, its suffix's format): auto picks us
+    preparer: type[Preparer] | None = None  # None: the column/template Preparer
+    # output
+    write: Writer | None = None  # writes one result shard
+    suffix: str = ""  # of the shard files `write` makes
+    shards: str | None = None  # the format its shards are written in (None: this one)
+    error_record: Callable[[RowError], dict[str, Any]] | None = None  # None: RowError.to_json
+    # (rundir, manifest, cfg): files assembled from the committed shards before _SUCCESS
+    finalize: Callable[[Any, Any, Any], None] | None = None
+
+    @property
+    def shard_format(self) -> str:
+        return self.shards or self.name
+
+    @property
+    def writable(self) -> bool:
+        return self.write is not None or self.shards is not None

@@ -1,0 +1,62 @@
+"""JSON Lines: one object per line, in and out. A bad line is a RowError; its neighbours are read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jobrunner.formats.base import Format
+from jobrunner.io.readers import Item, RawRow
+from jobrunner.types import RowError, RowRef
+
+BOM = b"\xef\xbb\xbf"
+
+
+def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
+    with open(file, "rb") as f:
+        row = 0
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            ref = RowRef(file, row, line=lineno)
+            row += 1
+            # Windows tools (and Azure's samples) start a file with a UTF-8 byte-order mark.
+            yield parse_json_line(raw.removeprefix(BOM) if lineno == 1 else raw, ref)
+
+
+def parse_json_line(raw: bytes, ref: RowRef) -> Item:
+    """One line's object. Error columns are 1-based characters, as an editor counts them."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
+        return RowError(
+            "invalid_utf8", f"{ref}: the line is not valid UTF-8 at column {column}", ref
+        )
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as e:
+        return RowError(
+            "malformed_json", f"{ref}: malformed JSON: {e.msg} at column {e.colno}", ref
+        )
+    if not isinstance(values, dict):
+        kind = type(values).__name__
+        return RowError("not_an_object", f"{ref}: expected a JSON object, got a {kind}", ref)
+    return RawRow(values, ref)
+
+
+def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+
+
+FORMAT = Format(
+    "jsonl",
+    suffixes=(".jsonl", ".ndjson", ".json"),
+    read=read_jsonl,
+    write=write_jsonl,
+    suffix=".jsonl",
+)

@@ -1,0 +1,20 @@
+"""The OpenAI Batch API format: its reader (read.py), preparer (prepare.py), output (output.py).
+
+Shards are JSONL; output.jsonl, errors.jsonl in the Batch API's shape and batch.json are what a
+Batch API client reads.
+"""
+
+from jobrunner.formats.base import Format
+from jobrunner.formats.openai_batch.output import error_record, finalize
+from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
+from jobrunner.formats.openai_batch.read import claims, read_openai_batch
+
+FORMAT = Format(
+    "openai-batch",
+    read=read_openai_batch,
+    claims=claims,
+    preparer=OpenAIPreparer,
+    shards="jsonl",
+    error_record=error_record,
+    finalize=finalize,
+)

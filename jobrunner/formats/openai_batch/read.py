@@ -1,0 +1,60 @@
+"""OpenAI Batch API input files: JSONL lines `{"custom_id", "method", "url", "body"}`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jobrunner.formats.jsonl import read_jsonl
+from jobrunner.io.readers import Item
+from jobrunner.prep.prepare import derived_id
+from jobrunner.types import RowError
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+# Azure OpenAI's batch files name the endpoints without the version prefix.
+ALIASES = {
+    CHAT: CHAT,
+    COMPLETIONS: COMPLETIONS,
+    "/chat/completions": CHAT,
+    "/completions": COMPLETIONS,
+}
+
+
+@dataclass
+class BatchLineError(RowError):
+    """A per-line error that knows the line's custom_id (None when the line has none)."""
+
+    custom_id: str | None = None
+
+
+def endpoint(url: Any) -> str | None:
+    """The endpoint a line's url names (CHAT or COMPLETIONS), or None when it names neither."""
+    return ALIASES.get(url) if isinstance(url, str) else None
+
+
+def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
+    """JSONL lines; an unparseable line gets its derived id so a rerun does not redo it."""
+    for item in read_jsonl(file, batch_rows):
+        if isinstance(item, RowError):
+            item = BatchLineError(
+                item.code, item.message, item.source, derived_id(item.source), item.field
+            )
+        yield item
+
+
+def claims(file: str, kind: str) -> bool:
+    """`input.format: auto`: a .jsonl file whose first line has custom_id, url and body."""
+    if kind != "jsonl":
+        return False
+    with open(file, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    first = json.loads(raw)
+                except ValueError:
+                    return False
+                return isinstance(first, dict) and {"custom_id", "body", "url"} <= first.keys()
+    return False
