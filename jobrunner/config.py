@@ -111,7 +111,14 @@ class EngineConfig(_Strict):
 
 
 class CostConfig(_Strict):
-    gpu_hour_usd: float | None = Field(None, ge=0.0)
+    gpu_hour_usd: float | None = Field(None, ge=0.0)  # per device-hour (GPU) or vCPU-hour (CPU)
+    price_file: str | None = None  # JSON/YAML prices overriding the built-in tables (prices.py)
+
+    @model_validator(mode="after")
+    def _price_file_exists(self) -> CostConfig:
+        if self.price_file and not Path(self.price_file).is_file():
+            raise ValueError(f"cost.price_file {self.price_file!r} is not a file")
+        return self
 
 
 class RayConfig(_Strict):

@@ -21,7 +21,7 @@ from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.model import load_report
-from jobrunner.telemetry.prices import hourly_rate
+from jobrunner.telemetry.prices import device_rate, run_price_fields
 from jobrunner.telemetry.progress import Progress
 from jobrunner.telemetry.report import write_reports
 
@@ -113,7 +113,8 @@ def _generate_sampled(
     from jobrunner.prep.stream import PrepStream
 
     device = detect_device()
-    usd_per_hour, price_source = hourly_rate(device, cfg.cost.gpu_hour_usd)
+    rate = device_rate(device, cfg.cost)
+    usd_per_hour, price_source = rate.usd_per_hour, rate.label
     loaded = load_model(cfg.model)
     weights = prepare_weights(loaded, cfg)  # quality gate (exit 65 below the bar), quantization
     engine = make_engine(loaded, cfg)
@@ -129,14 +130,16 @@ def _generate_sampled(
         cfg.output.shard_rows,
         cfg.output.shard_seconds,
         stream.drain_errors,
+        measured_seconds=lambda: engine.stats.row_seconds,
+        expected_rows=total_rows - len(skip_ids),
     )
-    committer.start_clock(since=t0)  # model load is paid for too: charged to the first rows
+    committer.start_clock(since=t0)  # model load is paid for too, by every row
     progress = Progress(total_rows - len(skip_ids), live=engine.stats)
     try:
         interrupted = _run_engine(engine, stream, committer, progress)
     finally:
         progress.close()
-    committer.commit()
+    committer.commit(final=True)
     _record_run(
         manifest,
         cfg,
@@ -148,13 +151,21 @@ def _generate_sampled(
         time.monotonic() - t0,
         load_seconds,
     )
+    manifest.runs[-1].update(run_price_fields(rate, cfg.cost))
+    if not interrupted:
+        _record_profile(cfg, device, engine, committer, manifest.runs[-1])
     manifest.runs[-1].update(
         weights,
         kv_bytes_per_token=engine.stats.kv_bytes_per_token,
         num_kv_blocks=engine.stats.num_kv_blocks,
     )
     manifest.runs[-1].update(
-        telemetry.finish(len(manifest.runs) - 1, engine.stats.step_log, committer.savings.to_json())
+        telemetry.finish(
+            len(manifest.runs) - 1,
+            engine.stats.step_log,
+            committer.savings.to_json(),
+            committer.row_log,
+        )
     )
     rundir.save_manifest(manifest)
     if interrupted:
@@ -242,10 +253,33 @@ def _record_run(
     )
 
 
+def _record_profile(cfg: JobConfig, device, engine, committer: Committer, run: dict) -> None:
+    """This run's measured steps go to the device profile the next estimate fits (telemetry)."""
+    from jobrunner.telemetry.profile import profile_key, record
+
+    ledger = committer.ledger
+    can_stop = not cfg.generation.ignore_eos and cfg.input.format != "openai-batch"
+    bound = ledger.computations * cfg.generation.max_new_tokens
+    try:
+        record(
+            profile_key(cfg, device),
+            steps=engine.stats.step_log,
+            load_seconds=run["load_seconds"],
+            engine_seconds=run["engine_seconds"],
+            wall_seconds=run["wall_seconds"],
+            rows=committer.rows_committed,
+            completion_fraction=ledger.completion_tokens / bound if can_stop and bound else None,
+        )
+    except OSError as e:  # a read-only cache never fails a job that finished its rows
+        log.warning("could not save the device profile: %s", e)
+
+
 def job_summary(status: str, rundir: RunDir) -> JobSummary:
 
     report = write_reports(rundir) if status != "nothing_to_do" else load_report(rundir.path)
     rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}
+    if status == "nothing_to_do":  # this invocation redid none: every committed row was skipped
+        rows["skipped"] = report["rows"]["total"]
     return JobSummary(status, str(rundir.path), rows, report["cost"]["cost_usd"], report)
 
 

@@ -68,10 +68,37 @@ class Request:
 
 @dataclass
 class Usage:
+    """A row's tokens, the work the engine did for it, and what that cost.
+
+    The work fields are what telemetry.cost prices a row by: each engine step's measured time
+    is shared by the rows in the step in proportion to the tokens each computed in it
+    (`device_seconds`), and the time outside steps (load, start-up, idle) by `work_tokens`.
+    Duplicates that shared one computation carry the leader's work and split it
+    (`Result.shared_with`).
+    """
+
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not computed)
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    prefill_tokens: int = 0  # prompt tokens put through the model (again after a preemption)
+    decode_tokens: int = 0  # tokens put through the model while generating (drafts included)
+    device_seconds: float = 0.0  # this row's share of the measured engine steps it was in
+    first_token_seconds: float | None = None  # from entering the engine to its first token
+    decode_seconds: float | None = None  # from its first token to its last
+
+    @property
+    def work_tokens(self) -> int:
+        """Every token the engine computed for this row."""
+        return self.prefill_tokens + self.decode_tokens
+
+    def add_step(self, tokens: int, decoding: bool, seconds: float) -> None:
+        """One engine step computed `tokens` for this row, taking `seconds` of its time."""
+        if decoding:
+            self.decode_tokens += tokens
+        else:
+            self.prefill_tokens += tokens
+        self.device_seconds += seconds
 
     @property
     def computed_prompt_tokens(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 os.environ.setdefault("JOBRUNNER_NO_PROGRESS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Device profiles (telemetry.profile) of test runs stay out of the user's cache.
+os.environ.setdefault("JOBRUNNER_PROFILE_DIR", tempfile.mkdtemp(prefix="jobrunner-profiles-"))
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "samples"

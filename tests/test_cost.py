@@ -2,78 +2,120 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import math
 import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jobrunner.config import CostConfig
 from jobrunner.telemetry.breakdown import run_phases, split_step
-from jobrunner.telemetry.cost import DEFAULT_DECODE_WEIGHT as W
-from jobrunner.telemetry.cost import share_cost
-from jobrunner.telemetry.prices import API_PRICES, api_equivalent
+from jobrunner.telemetry.cost import CostLedger, own_seconds
+from jobrunner.telemetry.device import DeviceInfo, cpu_family
+from jobrunner.telemetry.prices import (
+    API_PRICES,
+    api_equivalent,
+    api_prices,
+    device_rate,
+    price_warnings,
+)
 from jobrunner.telemetry.throughput import StepModel, fit_step_model
 from jobrunner.types import FinishReason, Result, Usage
 
 
-def row(prompt: int, cached: int = 0, completion: int = 0, shared_with: int = 1, rid: str = "r"):
-    return Result(
-        rid, "", FinishReason.STOP, Usage(prompt, cached, completion), shared_with=shared_with
-    )
+def row(work: int, seconds: float = 0.0, cached: int = 0, shared_with: int = 1, rid: str = "r"):
+    u = Usage(prompt_tokens=work + cached, cached_tokens=cached, prefill_tokens=work)
+    u.device_seconds = seconds
+    return Result(rid, "", FinishReason.STOP, u, shared_with=shared_with)
 
 
-def test_cached_prompt_tokens_cost_nothing():
-    # 64 prompt tokens of which 48 cached computes exactly what a 16-token prompt computes.
-    a, b = row(64, cached=48, completion=10), row(16, completion=10)
-    saved = share_cost([a, b], usd=1.0)
-    assert a.usage.cost_usd == pytest.approx(0.5)
-    assert b.usage.cost_usd == pytest.approx(0.5)
-    # The rate is 1 USD per (2 * (16 + W*10)) units; the 48 cached tokens would have cost 48 units.
-    assert saved.cache_usd == pytest.approx(48 / (2 * (16 + W * 10)))
+def test_a_row_pays_its_own_steps_whenever_it_finishes():
+    # $3600/h is $1/s. Two rows ran 2 s and 1 s of steps; the clock shows only step time.
+    ledger = CostLedger(3600.0, expected_rows=2, start=0.0)
+    a, b = row(30, seconds=2.0), row(10, seconds=1.0)
+    ledger.price([a], measured_seconds=3.0, now=3.0)  # b is still in flight: its steps are its
+    ledger.price([b], measured_seconds=3.0, now=3.0, final=True)
+    assert (a.usage.cost_usd, b.usage.cost_usd) == pytest.approx((2.0, 1.0))
+    assert ledger.cost_usd == pytest.approx(3.0)
+
+
+def test_load_time_is_spread_over_all_rows_by_work_not_paid_by_the_first():
+    # 10 s of load, then ten rows of equal work, 1 s of steps each, committed one by one.
+    ledger = CostLedger(3600.0, expected_rows=10, start=0.0)
+    rows = [row(50, seconds=1.0, rid=str(i)) for i in range(10)]
+    for i, r in enumerate(rows):
+        ledger.price([r], measured_seconds=i + 1.0, now=10.0 + i + 1, final=i == 9)
+    assert [r.usage.cost_usd for r in rows] == pytest.approx([2.0] * 10)
+    assert ledger.cost_usd == pytest.approx(20.0)
+
+
+def test_cached_prompt_tokens_are_saved_at_the_rate_paid():
+    ledger = CostLedger(3600.0, start=0.0)
+    a, b = row(16, seconds=0.5, cached=48), row(16, seconds=0.5)
+    saved = ledger.price([a, b], measured_seconds=1.0, now=1.0, final=True)
+    assert a.usage.cost_usd == pytest.approx(b.usage.cost_usd) == pytest.approx(0.5)
+    assert saved.cache_usd == pytest.approx(48 * 1.0 / 32)  # $1 bought 32 computed tokens
     assert saved.dedup_usd == 0.0
 
 
 def test_duplicates_split_one_computation():
-    leader = row(20, completion=5, shared_with=2, rid="a")
-    follower = row(20, completion=5, shared_with=2, rid="b")
-    other = row(20, completion=5, rid="c")
-    saved = share_cost([leader, follower, other], usd=0.9)
-    # Two computations happened (the pair's and the other's): each costs 0.45; the pair halves theirs.
-    assert leader.usage.cost_usd == pytest.approx(0.225)
-    assert follower.usage.cost_usd == pytest.approx(0.225)
-    assert other.usage.cost_usd == pytest.approx(0.45)
-    assert saved.dedup_usd == pytest.approx(0.45)  # the computation the follower did not need
+    ledger = CostLedger(3600.0, start=0.0)
+    leader = row(20, seconds=0.5, shared_with=2, rid="a")
+    follower = row(20, seconds=0.5, shared_with=2, rid="b")  # a copy of the leader's usage
+    other = row(20, seconds=0.5, rid="c")
+    saved = ledger.price([leader, follower, other], measured_seconds=1.0, now=1.0, final=True)
+    # Two computations happened, 0.5 s each: the pair halves theirs.
+    assert leader.usage.cost_usd == pytest.approx(0.25)
+    assert follower.usage.cost_usd == pytest.approx(0.25)
+    assert other.usage.cost_usd == pytest.approx(0.5)
+    assert saved.dedup_usd == pytest.approx(0.5)  # the computation the follower did not need
 
 
-def test_decode_steps_cost_decode_weight_prefill_tokens():
-    prefill_only, decode_only = row(int(W * 8)), row(1, cached=0, completion=8)
-    share_cost([prefill_only, decode_only], usd=1.0)
-    # 32 prefill tokens vs 1 + 4*8 = 33 units
-    assert prefill_only.usage.cost_usd == pytest.approx(32 / 65)
-
-
+@settings(deadline=None)
 @given(
     st.lists(
-        st.tuples(st.integers(1, 500), st.integers(0, 400), st.integers(0, 64), st.integers(1, 4)),
+        st.tuples(
+            st.integers(0, 500),  # work tokens
+            st.floats(0.0, 5.0),  # own step seconds
+            st.integers(1, 3),  # shared_with
+            st.floats(0.0, 3.0),  # idle seconds before the row finishes
+            st.booleans(),  # commit after this row
+        ),
         min_size=1,
-        max_size=30,
+        max_size=40,
     ),
-    st.floats(0.0, 100.0),
+    st.floats(0.0, 30.0),  # load seconds
+    st.floats(0.01, 50.0),  # usd per hour
+    st.integers(0, 60),  # expected rows (right or wrong)
 )
-def test_shares_add_up_to_the_interval_cost(rows, usd):
-    results = [row(p, min(c, p - 1), n, k) for p, c, n, k in rows]
-    share_cost(results, usd)
-    assert sum(r.usage.cost_usd for r in results) == pytest.approx(usd, rel=1e-9, abs=1e-12)
-    assert all(r.usage.cost_usd >= 0 for r in results)
+def test_rows_add_up_to_the_job_total_and_the_wall_time(rows, load, usd_per_hour, expected):
+    ledger = CostLedger(usd_per_hour, expected_rows=expected, start=100.0)
+    now, measured, pending, priced = 100.0 + load, 0.0, [], []
+    for i, (work, secs, k, idle, commit) in enumerate(rows):
+        r = row(work, seconds=secs * k, shared_with=k, rid=str(i))  # k copies split secs * k
+        now, measured = now + secs + idle, measured + secs
+        pending.append(r)
+        last = i == len(rows) - 1
+        if commit or last:
+            ledger.price(pending, measured, now, final=last)
+            priced, pending = priced + pending, []
+    costs = [r.usage.cost_usd for r in priced]
+    assert math.fsum(costs) == pytest.approx(ledger.cost_usd, rel=1e-12, abs=1e-15)
+    assert ledger.cost_usd == pytest.approx((now - 100.0) * usd_per_hour / 3600, rel=1e-9)
+    rate = usd_per_hour / 3600
+    assert all(r.usage.cost_usd >= rate * own_seconds(r) * (1 - 1e-12) for r in priced)
 
 
 def test_step_time_is_split_by_work_and_phases_add_up_to_wall():
     step = {"step_seconds": 2.0, "prefill_tokens": 8, "decode_tokens": 2}
-    assert split_step(step) == pytest.approx({"prefill": 2.0 * 8 / 16, "decode": 2.0 * 8 / 16})
+    assert split_step(step) == pytest.approx({"prefill": 2.0 * 8 / 10, "decode": 2.0 * 2 / 10})
     run = {"wall_seconds": 10.0, "load_seconds": 3.0, "engine_seconds": 5.0}
     phases = run_phases(run, [step, {"step_seconds": 1.0, "prefill_tokens": 0, "decode_tokens": 3}])
-    assert phases["decode"] == pytest.approx(2.0)
+    assert phases["decode"] == pytest.approx(0.4 + 1.0)
     assert phases["engine"] == pytest.approx(2.0)
     assert phases["other"] == pytest.approx(2.0)
     assert sum(phases.values()) == pytest.approx(10.0)
@@ -161,7 +203,71 @@ def test_api_equivalent_prices_the_same_tokens():
     mini = next(a for a in out if a["model"] == "gpt-4o-mini")
     assert mini["usd"] == pytest.approx(2 * 0.075 + 0.30)
     assert mini["ratio_to_ours"] == pytest.approx(mini["usd"])
-    assert all(a["date"] and a["source"] for a in out)
+    # Every price names its source; one without a date says so and is warned about.
+    assert all(a["source"] for a in out)
+    assert all(a["date"] or a["source"] for a in out)
+
+
+AMD_MILAN = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+INTEL_ICE_LAKE = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 106\n"
+
+
+def test_cpu_family_comes_from_the_vendor_family_and_model_numbers():
+    assert cpu_family(AMD_MILAN) == "AMD Zen 3"
+    assert cpu_family(INTEL_ICE_LAKE) == "Intel Ice Lake"
+    assert cpu_family("vendor_id\t: AuthenticAMD\ncpu family\t: 99\nmodel\t: 1\n") == ""
+
+
+def test_an_amd_cpu_is_never_priced_as_an_intel_instance():
+    amd = device_rate(DeviceInfo("cpu", "AMD EPYC", 2, cpu_family(AMD_MILAN)))
+    assert amd.price.unit == "vCPU-hour" and amd.units == 2
+    assert "AMD" in amd.price.source and "Intel" not in amd.price.source
+    assert amd.usd_per_hour == pytest.approx(2 * amd.price.usd_per_hour)
+    unknown = device_rate(DeviceInfo("cpu", "AMD EPYC", 2, ""))
+    assert "Intel" not in unknown.price.source and "c7i" not in unknown.price.source
+    assert "per vCPU-hour x 2 vCPUs" in amd.label
+
+
+def test_old_or_undated_prices_are_warned_about_and_overrides_replace_them(tmp_path):
+    today = dt.date(2026, 12, 1)
+    apis = [{"provider": "P", "model": "m", "date": "2026-09"}]
+    assert price_warnings("2026-10", apis, today) == []
+    (device, api) = price_warnings(
+        "2026-03", [*apis, {"provider": "Q", "model": "n", "date": None}], today
+    )
+    assert "2026-03, 9 months old" in device and "1 of 2 hosted-API prices" in api
+    assert "no dated source" in price_warnings(None, [], today)[0]
+    cpu = DeviceInfo("cpu", "AMD EPYC", 2, "AMD Zen 3")
+    rate = device_rate(cpu, CostConfig(gpu_hour_usd=0.05))
+    assert (rate.usd_per_hour, rate.price.date) == (0.10, dt.date.today().isoformat())
+    prices = tmp_path / "prices.json"
+    prices.write_text(
+        json.dumps(
+            {
+                "device": {"usd_per_hour": 0.03, "source": "our contract", "date": "2026-11"},
+                "apis": [
+                    {
+                        "provider": "X",
+                        "model": "x-1",
+                        "usd_per_1m_input": 0.1,
+                        "usd_per_1m_output": 0.4,
+                        "usd_per_1m_cached_input": 0.01,
+                        "source": "x.example/pricing",
+                        "date": "2026-11-20",
+                    }
+                ],
+            }
+        )
+    )
+    cost = CostConfig(price_file=str(prices))
+    rate = device_rate(cpu, cost)
+    assert (rate.usd_per_hour, rate.price.source, rate.price.unit) == (
+        0.06,
+        "our contract",
+        "vCPU-hour",
+    )
+    (x,) = api_equivalent(1_000_000, 1_000_000, prices=api_prices(cost))
+    assert (x["model"], x["usd"], x["usd_per_1m_cached_input"]) == ("x-1", pytest.approx(0.5), 0.01)
 
 
 def test_cost_model_and_reports_import_no_torch():

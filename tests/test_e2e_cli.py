@@ -94,6 +94,7 @@ def test_finished_job_rerun_does_nothing(chat_job, tmp_path):
     before = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()}
     code, summary = run_cli("run", str(chat_job))
     assert (code, summary["status"]) == (0, "nothing_to_do")
+    assert summary["rows"]["skipped"] == summary["rows"]["succeeded"] + summary["rows"]["failed"]
     after = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()}
     assert after == before
 

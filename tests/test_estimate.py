@@ -48,8 +48,9 @@ def _forbid_weights(monkeypatch):
     )
 
 
-def test_estimate_counts_rows_and_tokens_without_weights(job, monkeypatch):
+def test_estimate_counts_rows_and_tokens_without_weights(job, monkeypatch, tmp_path):
     _forbid_weights(monkeypatch)
+    monkeypatch.setenv("JOBRUNNER_PROFILE_DIR", str(tmp_path / "no-profiles-yet"))
     cli = CliRunner()
     res = cli.invoke(app, ["estimate", str(job)])
     assert res.exit_code == 0, res.output
@@ -94,15 +95,25 @@ def test_completion_bound_respects_the_context(job, monkeypatch):
 
 
 @pytest.mark.slow
-def test_calibration_measures_lengths_and_speed_with_the_real_model(job):
+def test_calibration_stores_a_device_profile_that_later_estimates_use(job, monkeypatch, tmp_path):
+    monkeypatch.setenv("JOBRUNNER_PROFILE_DIR", str(tmp_path / "profiles"))
     res = CliRunner().invoke(app, ["estimate", str(job), "--calibrate", "2"])
     assert res.exit_code == 0, res.output
     est = json.loads((job.parent / "out" / "estimate.json").read_text())
-    assert est["completion_source"].startswith("measured: mean")
+    assert est["completion_source"].startswith("measured:")
     assert "over 2 sampled rows" in est["completion_source"]
-    assert est["throughput"]["source"].startswith("calibrated: 2 sampled rows")
+    assert est["throughput"]["source"].startswith("this device's profile:")
     assert 0 < est["completion_tokens"] <= est["completion_tokens_max"]
     assert est["throughput"]["load_s"] > 0
+    (profile,) = (tmp_path / "profiles").glob("*.json")
+    # Uncalibrated, on the same device: the profile's fit and completion share, no weights.
+    _forbid_weights(monkeypatch)
+    res = CliRunner().invoke(app, ["estimate", str(job)])
+    assert res.exit_code == 0, res.output
+    again = json.loads((job.parent / "out" / "estimate.json").read_text())
+    assert again["throughput"] == est["throughput"]
+    assert again["completion_source"].startswith("this device's profile:")
+    assert again["profile"] == json.loads(profile.read_text())["key"]
 
 
 @pytest.mark.parametrize(

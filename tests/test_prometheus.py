@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,7 +67,8 @@ def _samples(text: str) -> dict:
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job_name")))] = (
+            labels = {k: str(float(v)) if k == "le" else v for k, v in s.labels.items()}
+            out[(s.name, tuple(sorted((k, v) for k, v in labels.items() if k != "job_name")))] = (
                 s.value
             )
     return out
@@ -79,36 +83,51 @@ def test_metrics_file_parses_and_matches_the_rows(run_dir):
     assert s[("jobrunner_request_success_total", (("finished_reason", "length"),))] == 1
     assert s[("jobrunner_request_failure_total", ())] == 1
     assert s[("jobrunner_num_preemptions_total", ())] == 2
-    assert s[("jobrunner_cost_usd", ())] == pytest.approx(0.006)
+    assert s[("jobrunner_cost_usd_total", ())] == pytest.approx(0.006)
     assert s[("jobrunner_duration_seconds", ())] == 12.0
     assert s[("jobrunner_last_success_timestamp_seconds", ())] > 1.7e9
     assert 'job_name="prom-test"' in text
     assert "_created" not in text
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
-    pushes: list = []
-
-    def do_PUT(self):  # noqa: N802  (http.server's naming)
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        _Recorder.pushes.append((self.command, self.path, body.decode()))
-        self.send_response(200)
-        self.end_headers()
-
-    do_POST = do_PUT
-
-    def log_message(self, *args):
-        pass
-
-
-def test_pushgateway_receives_the_same_metrics(run_dir):
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+@pytest.fixture
+def pushgateway(tmp_path):
+    """A real Prometheus Pushgateway (Debian's prometheus-pushgateway) on a free local port."""
+    binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
+    if binary is None:
+        pytest.skip("no Pushgateway binary (apt-get install prometheus-pushgateway)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
     try:
-        push_metrics(run_dir, f"http://127.0.0.1:{server.server_port}")
+        for _ in range(200):  # up to 20 s on a loaded machine
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"the Pushgateway exited with {proc.returncode}")
+                time.sleep(0.1)
+        yield url
     finally:
-        server.shutdown()
-    ((method, path, body),) = _Recorder.pushes
-    assert method == "PUT"
-    assert path == "/metrics/job/jobrunner/job_name/prom-test"
-    assert _samples(body) == _samples((run_dir / "metrics.prom").read_text())
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_pushgateway_serves_the_pushed_metrics(run_dir, pushgateway):
+    push_metrics(run_dir, pushgateway)
+    text = urllib.request.urlopen(f"{pushgateway}/metrics", timeout=10).read().decode()
+    served = {  # the gateway adds its grouping labels (job, instance) to every series
+        (name, tuple(kv for kv in labels if kv[0] not in ("job", "instance"))): v
+        for (name, labels), v in _samples(text).items()
+        if name.startswith("jobrunner_")
+    }
+    assert served == _samples((run_dir / "metrics.prom").read_text())
+    assert 'job="jobrunner"' in text and 'job_name="prom-test"' in text

@@ -120,7 +120,11 @@ def test_markdown_and_prometheus_show_the_same_totals(run):
     }
     assert samples["jobrunner_prompt_tokens_total"] == r["tokens"]["prompt"]
     assert samples["jobrunner_generation_tokens_total"] == r["tokens"]["completion"]
-    assert samples["jobrunner_cost_usd"] == pytest.approx(r["cost"]["cost_usd"])
+    assert samples["jobrunner_cost_usd_total"] == pytest.approx(r["cost"]["cost_usd"])
+    # Per-row latencies are histograms with one observation per row, step times one per step.
+    assert samples["jobrunner_time_to_first_token_seconds_count"] == 7
+    assert samples["jobrunner_time_per_output_token_seconds_count"] == 7
+    assert samples["jobrunner_step_duration_seconds_count"] == r["engine_stats"]["steps"]
     # --pushgateway pushed the same figures at the end of the run
     (pushed,) = _Recorder.bodies
     assert (
@@ -151,6 +155,20 @@ def test_timelines_and_time_breakdown(run):
     assert sum(b.values()) == pytest.approx(r["time"]["wall_seconds"], rel=1e-6)
 
 
+def test_each_row_pays_for_its_own_work_and_the_rows_add_up(run):
+    rows = pq.read_table(run / "telemetry" / "rows.parquet").to_pylist()
+    r = _report(run)
+    assert len(rows) == 7
+    assert sum(x["cost_usd"] for x in rows) == pytest.approx(r["cost"]["cost_usd"], rel=1e-12)
+    steps = pq.read_table(run / "telemetry" / "steps.parquet").to_pylist()
+    # Every measured step second went to a row (the duplicate pair splits one row's share).
+    own = sum(x["device_seconds"] / x["shared_with"] for x in rows)
+    assert own == pytest.approx(sum(s["step_seconds"] for s in steps), rel=1e-3)
+    assert all(x["prefill_tokens"] + x["decode_tokens"] > 0 for x in rows)
+    assert all(x["first_token_seconds"] > 0 for x in rows)
+    assert r["cost"]["price_unit"] == "vCPU-hour" and r["device"]["unit_hours"] == "vCPU-hours"
+
+
 def test_estimate_counts_the_same_tokens_and_the_report_compares(run):
     est, r = json.loads((run / "estimate.json").read_text()), _report(run)
     assert est["rows"] == r["rows"]["total"] == 7
@@ -179,15 +197,19 @@ def test_report_command_rebuilds_every_report_without_a_model(run, monkeypatch):
 def test_html_is_self_contained(run):
     html = (run / "report.html").read_text()
     assert not re.search(r"<script[^>]+src=[\"']https?:", html)  # plotly inlined, no CDN
-    assert html.count("Plotly.newPlot") == 5
+    assert html.count("Plotly.newPlot") == 6
     assert "per 1M tokens" in html and "saved by the prefix cache" in html
+    assert "Weights and KV cache" in html and "Cost per row against its work" in html
+    # A CPU run: the device panel is the host's, in the units it has.
+    assert "(GPU)" not in html and "W or bytes" not in html
+    assert "Host CPU utilisation and memory" in html
 
 
 @pytest.mark.skipif(browser.find_chromium() is None, reason="chromium is not installed")
 def test_html_renders_its_charts_in_headless_chromium(run):
     dom, log = browser.dump_dom(run / "report.html")
     body = re.search(r"<body[^>]*>", dom).group(0)
-    assert 'data-charts="5"' in body
+    assert 'data-charts="6"' in body
     assert 'data-errors=""' in body
     assert browser.console_errors(log) == []
-    assert dom.count('class="main-svg"') >= 5
+    assert dom.count('class="main-svg"') >= 6

@@ -23,6 +23,7 @@ class EngineStats:
 
     engine_seconds: float = 0.0  # wall time inside generate()
     forward_seconds: float = 0.0  # time in model forward passes (incl. sampling)
+    row_seconds: float = 0.0  # measured step time shared out to rows (Usage.device_seconds)
     steps: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed
     cached_tokens: int = 0  # prompt tokens served from the prefix cache

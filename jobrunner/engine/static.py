@@ -116,6 +116,8 @@ class StaticEngine(Engine):
     def _account(self, batch: list[Request], results: list[Result], seconds: float) -> None:
         st = self.stats
         st.steps += 1
+        st.row_seconds += seconds
+        attribute_batch(batch, results, seconds)
         st.engine_seconds += seconds
         st.forward_seconds += seconds
         st.prefill_tokens += sum(r.num_prompt_tokens for r in batch)
@@ -130,6 +132,18 @@ class StaticEngine(Engine):
                 "step_seconds": seconds,
             }
         )
+
+
+def attribute_batch(batch: list[Request], results: list[Result], seconds: float) -> None:
+    """One generate() call: its time shared by the tokens each row needed (prompt and output)."""
+    need = [
+        r.num_prompt_tokens + res.usage.completion_tokens
+        for r, res in zip(batch, results, strict=True)
+    ]
+    total = max(sum(need), 1)
+    for r, res, n in zip(batch, results, need, strict=True):
+        res.usage.add_step(r.num_prompt_tokens, False, 0.0)
+        res.usage.add_step(res.usage.completion_tokens, True, seconds * n / total)
 
 
 class RowSampler:

@@ -274,6 +274,8 @@ def _record_run(
             "device_count": sum(w["device_count"] for w in ws) or local.count,
             "usd_per_hour": sum(w["usd_per_hour"] for w in ws),
             "price_source": first.get("price_source", ""),
+            "price_unit": first.get("price_unit"),
+            "price_date": first.get("price_date"),
             "notes": sorted({x for w in ws for x in w["notes"]}),
             "workers": ws,
             "finished_at": time.time(),

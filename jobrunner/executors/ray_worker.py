@@ -26,9 +26,9 @@ from jobrunner.io.readers import RawRow
 from jobrunner.io.rundir import RunDir, read_ids
 from jobrunner.io.writers import result_record, write_atomic
 from jobrunner.prep.stream import copy_to_followers, dedup_key
-from jobrunner.telemetry.cost import Savings, share_cost
+from jobrunner.telemetry.cost import CostLedger, Savings
 from jobrunner.telemetry.device import DeviceInfo, cpu_name, detect_device
-from jobrunner.telemetry.prices import hourly_rate
+from jobrunner.telemetry.prices import device_rate
 from jobrunner.types import Request, Result, RowError
 
 
@@ -63,10 +63,11 @@ class BlockWorker:
         self.engine = make_engine(self.loaded, cfg)
         self.preparer = make_preparer(cfg, self.loaded.tokenizer)
         self.device = _worker_device(self.loaded.device.type, cpus)
-        self.usd_per_hour, self.price_source = hourly_rate(self.device, cfg.cost.gpu_hour_usd)
+        self.rate = device_rate(self.device, cfg.cost)
+        self.usd_per_hour, self.price_source = self.rate.usd_per_hour, self.rate.label
         self.load_seconds = time.monotonic() - t0
         self.started = t0
-        self.last_commit = t0
+        self.ledger = CostLedger(self.usd_per_hour, start=t0)  # blocks come one at a time
         self.savings = Savings()
         self.deduplicated = 0
         self.worker_id = f"{_node_ip()}:{os.getpid()}"
@@ -111,9 +112,9 @@ class BlockWorker:
     def _commit(self, block: int, shard, results: list[Result], errors: list[RowError]) -> dict:
         if not is_current_run(self.rundir, self.tag):
             raise RuntimeError(f"{self.rundir.path} is now run by another driver; not committing")
-        now = time.monotonic()
-        usd = (now - self.last_commit) * self.usd_per_hour / 3600.0 if results else 0.0
-        self.savings.add(share_cost(results, usd))
+        before = self.ledger.cost_usd
+        self.savings.add(self.ledger.price(results, self.engine.stats.row_seconds))
+        usd = self.ledger.cost_usd - before
         if errors:
             write_fragment(fragment_path(self.rundir, self.tag, block), errors)
         if results:
@@ -121,7 +122,6 @@ class BlockWorker:
             write_atomic(
                 [result_record(r, model) for r in results], shard, self.rundir.shards.write
             )
-            self.last_commit = now
         self._fault_hook()
         ok = sum(r.ok for r in results)
         return self._meta(block, shard if results else None, len(results), ok, usd, redone=True)
@@ -154,6 +154,8 @@ class BlockWorker:
                 "device_count": self.device.count,
                 "usd_per_hour": self.usd_per_hour,
                 "price_source": self.price_source,
+                "price_unit": self.rate.price.unit,
+                "price_date": self.rate.price.date,
                 "engine": self.engine.kind,
                 "load_seconds": self.load_seconds,
                 "alive_seconds": time.monotonic() - self.started,

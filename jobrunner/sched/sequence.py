@@ -6,7 +6,7 @@ import enum
 import itertools
 
 from jobrunner.sched.draft import NgramDrafter
-from jobrunner.types import FinishReason, Request
+from jobrunner.types import FinishReason, Request, Usage
 
 
 class SequenceStatus(enum.Enum):
@@ -42,6 +42,7 @@ class Sequence:
         self.error_code: str | None = None
         self.admitted = False
         self.drafter: NgramDrafter | None = None  # speculative decoding, made on first use
+        self.work = Usage()  # what the engine computed for this row, and its step time
 
     def __repr__(self) -> str:
         return f"Sequence({self.seq_id}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"

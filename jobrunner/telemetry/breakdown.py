@@ -3,7 +3,7 @@
 Phases of a run's wall time:
   load      reading the weights and building the engine
   prefill   forward time spent on prompt tokens  } each step's time is split between the two
-  decode    forward time spent generating tokens } by work (prefill tokens : weighted decode)
+  decode    forward time spent generating tokens } by tokens computed, as rows are billed
   forward   step time not split (engines that log no prefill/decode counts)
   engine    engine time outside the steps (scheduling, waiting for input, detokenizing)
   other     the rest: reading input, committing shards, shutting down
@@ -15,21 +15,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from jobrunner.telemetry.cost import DEFAULT_DECODE_WEIGHT
-
 PHASES = ("load", "prefill", "decode", "forward", "engine", "other")
 
 
-def split_step(
-    step: dict[str, Any], decode_weight: float = DEFAULT_DECODE_WEIGHT
-) -> dict[str, float]:
+def split_step(step: dict[str, Any]) -> dict[str, float]:
     """One step's seconds as {prefill, decode} (or {forward} when the step has no counts)."""
     secs = step.get("step_seconds") or 0.0
     p, d = step.get("prefill_tokens"), step.get("decode_tokens")
     if p is None or d is None or p + d == 0:
         return {"forward": secs}
-    work = p + decode_weight * d
-    return {"prefill": secs * p / work, "decode": secs * decode_weight * d / work}
+    return {"prefill": secs * p / (p + d), "decode": secs * d / (p + d)}
 
 
 def time_breakdown(runs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ Each function returns a figure, or None when there is nothing to draw (e.g. no s
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -127,41 +128,109 @@ def running(steps: list[dict[str, Any]], num_kv_blocks: int | None = None):
 
 
 def device(samples: list[dict[str, Any]]):
+    """GPU utilisation and power when the job had GPUs; else the host CPU and its memory."""
     import plotly.graph_objects as go
 
     timed = _timed(samples)
     if not timed:
         return None
+    gpus = sorted({s["device"] for _, s in timed if s["device"] != "host"})
     traces = []
-    for dev in sorted({s["device"] for _, s in timed}):
+    for dev in gpus or ["host"]:
         pts = [(t, s) for t, s in timed if s["device"] == dev]
         label = "host CPU" if dev == "host" else dev
+        x = [t for t, _ in pts]
+        traces.append(go.Scatter(x=x, y=[s["util_percent"] for _, s in pts], name=f"{label} %"))
+        key, name = ("power_w", "power (W)") if gpus else ("mem_used_bytes", "resident memory")
+        scale = 1.0 if gpus else 2.0**-30  # bytes shown in GiB
         traces.append(
             go.Scatter(
-                x=[t for t, _ in pts],
-                y=[s["util_percent"] for _, s in pts],
-                name=f"{label} utilisation %",
-            )
-        )
-        second = ("power_w", "W") if dev != "host" else ("mem_used_bytes", "RSS bytes")
-        traces.append(
-            go.Scatter(
-                x=[t for t, _ in pts],
-                y=[s[second[0]] for _, s in pts],
-                name=f"{label} {second[1]}",
+                x=x,
+                y=[None if s[key] is None else s[key] * scale for _, s in pts],
+                name=f"{label} {name}",
                 yaxis="y2",
                 line={"dash": "dot"},
             )
         )
+    if gpus:  # the host's CPU next to the GPUs, on the same percent axis
+        pts = [(t, s) for t, s in timed if s["device"] == "host"]
+        traces.append(
+            go.Scatter(
+                x=[t for t, _ in pts], y=[s["util_percent"] for _, s in pts], name="host CPU %"
+            )
+        )
     fig = go.Figure(traces)
     fig.update_layout(
-        title="Device utilisation and power (GPU) / memory (host)",
+        title="GPU utilisation and power" if gpus else "Host CPU utilisation and memory",
         xaxis_title="seconds",
         yaxis={"title": "utilisation %", "range": [0, 105]},
-        yaxis2={"title": "W or bytes", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        yaxis2={
+            "title": "power (W)" if gpus else "resident memory (GiB)",
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+        },
         **LAYOUT,
     )
     return fig
+
+
+def cost_per_row(rows: list[dict[str, Any]]):
+    """Each row's cost against the tokens the engine computed for it: rows of equal work
+    should sit at equal height, so skew shows at a glance."""
+    import plotly.graph_objects as go
+
+    pts = [(work_tokens(r), r["cost_usd"]) for r in rows if r.get("cost_usd") is not None]
+    pts = [(w, c) for w, c in pts if w > 0 and c > 0]
+    if not pts:
+        return None
+    fig = go.Figure(
+        go.Scatter(
+            x=[w for w, _ in pts],
+            y=[c for _, c in pts],
+            mode="markers",
+            marker={"size": 6, "opacity": 0.6},
+            name="rows",
+        )
+    )
+    fig.update_layout(
+        title="Cost per row against its work",
+        xaxis={
+            "title": "tokens computed for the row (prompt not cached + generated)",
+            "type": "log",
+        },
+        yaxis={"title": "row cost (USD)", "type": "log", **usd_ticks([c for _, c in pts])},
+        showlegend=False,
+        **LAYOUT,
+    )
+    return fig
+
+
+def work_tokens(r: dict[str, Any]) -> float:
+    """The engine's work for a row (telemetry/rows.parquet), else its token columns; a
+    duplicate's share of its leader's."""
+    if r.get("prefill_tokens") is not None:
+        work = (r["prefill_tokens"] or 0) + (r.get("decode_tokens") or 0)
+    else:
+        work = (r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) + (r["completion_tokens"] or 0)
+    return work / max(r.get("shared_with") or 1, 1)
+
+
+def usd_ticks(values: list[float]) -> dict[str, Any]:
+    """Log-axis ticks labelled in dollars ($0.0002, $0.0005, $0.001): at 1, 2 and 5 times each
+    power of ten the values span (every power of ten alone past four decades)."""
+    vals = [v for v in values if v and v > 0]
+    if not vals:
+        return {}
+    lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
+    steps = (1,) if hi - lo > 4 else (1, 2, 5)
+    ticks = [m * 10.0**k for k in range(lo, hi + 1) for m in steps]
+    ticks = [t for t in ticks if min(vals) / 2 <= t <= max(vals) * 2] or ticks
+    return {"tickvals": ticks, "ticktext": [_usd_label(t) for t in ticks]}
+
+
+def _usd_label(x: float) -> str:
+    return f"${x:,.0f}" if x >= 1 else f"${x:.{max(0, math.ceil(-math.log10(x) - 1e-9))}f}"
 
 
 def lengths(rows: list[dict[str, Any]]):
@@ -214,5 +283,6 @@ def cost(report: dict[str, Any]):
         2,
     )
     fig.update_layout(title="Cost breakdown", **{**LAYOUT, "height": 380})
-    fig.update_yaxes(type="log", row=1, col=2)
+    values = [c["cost_usd"], *[a["usd"] for a in apis]]
+    fig.update_yaxes(type="log", row=1, col=2, **usd_ticks(values))
     return fig

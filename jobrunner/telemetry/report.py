@@ -17,7 +17,7 @@ from jobrunner.quant_check import report_section
 from jobrunner.telemetry.breakdown import time_breakdown
 from jobrunner.telemetry.cost import per_million
 from jobrunner.telemetry.model import iter_token_columns
-from jobrunner.telemetry.prices import api_equivalent
+from jobrunner.telemetry.prices import api_equivalent, api_prices_of_run, price_warnings
 from jobrunner.telemetry.prom import write_metrics
 from jobrunner.telemetry.report_html import to_html
 from jobrunner.telemetry.report_md import to_markdown
@@ -105,11 +105,14 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
             "name": last.get("device_name"),
             "kind": last.get("device_kind"),
             "count": last.get("device_count"),
-            "device_hours": device_hours,
+            "device_hours": device_hours,  # GPU-hours on GPUs, vCPU-hours on CPUs (unit_hours)
+            "unit_hours": f"{_unit(last.get('device_kind'))}s",
             "gpu_hours": device_hours if last.get("device_kind") == "cuda" else 0.0,
         },
         "cost": _cost(t, runs, tokens),
-        "api_equivalent": api_equivalent(t["prompt_tokens"], t["completion_tokens"], t["cost_usd"]),
+        "api_equivalent": api_equivalent(
+            t["prompt_tokens"], t["completion_tokens"], t["cost_usd"], api_prices_of_run(last)
+        ),
         "telemetry": device_summary(read_timeline(rundir.path, DEVICE_FILE), steps),
         "model_memory": report_section(last),
         "engine_stats": {k: sum(r.get(k, 0) for r in runs) for k in ENGINE_COUNTERS},
@@ -119,6 +122,9 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
         "finished_at": m.finished_at if m else None,
     }
     report["estimate"] = compare_estimate(rundir.path / ESTIMATE_FILE, report)
+    report["cost"]["price_warnings"] = price_warnings(
+        report["cost"]["price_date"], report["api_equivalent"]
+    )
     return report
 
 
@@ -132,6 +138,8 @@ def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[st
         "cost_usd": usd,
         "usd_per_hour": last.get("usd_per_hour"),
         "price_source": last.get("price_source"),
+        "price_unit": last.get("price_unit") or _unit(last.get("device_kind")),
+        "price_date": last.get("price_date"),
         "usd_per_1m_input_tokens": per_million(usd, t["prompt_tokens"]),
         "usd_per_1m_output_tokens": per_million(usd, t["completion_tokens"]),
         "usd_per_1m_tokens": per_million(usd, tokens),
@@ -140,6 +148,10 @@ def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[st
         "cost_without_savings_usd": usd + cache + dedup,
         "energy_kwh": sum(energy) if energy else None,
     }
+
+
+def _unit(device_kind: str | None) -> str:
+    return "GPU-hour" if device_kind == "cuda" else "vCPU-hour"
 
 
 def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,10 +12,11 @@ import html
 from typing import Any
 
 from jobrunner.io.rundir import RunDir
+from jobrunner.quant_check import markdown_lines
 from jobrunner.telemetry import charts
 from jobrunner.telemetry.model import iter_token_columns
 from jobrunner.telemetry.report_md import api_table, estimate_table, fmt, time_table, usd
-from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
+from jobrunner.telemetry.timeline import DEVICE_FILE, ROWS_FILE, STEPS_FILE, read_timeline
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;
@@ -48,8 +49,10 @@ def to_html(report: dict[str, Any], rundir: RunDir) -> str:
     steps = read_timeline(rundir.path, STEPS_FILE)
     samples = read_timeline(rundir.path, DEVICE_FILE)
     rows = [r for r in iter_token_columns(rundir) if r["finish_reason"] != "error"]
+    row_work = read_timeline(rundir.path, ROWS_FILE) or rows  # older runs: the token columns
     figs = [
         charts.cost(report),
+        charts.cost_per_row(row_work),
         charts.throughput(steps),
         charts.running(steps),
         charts.device(samples),
@@ -79,6 +82,7 @@ def to_html(report: dict[str, Any], rundir: RunDir) -> str:
             _md_table(time_table(report)),
             _md_table(api_table(report)),
             "</div>",
+            _md_table(markdown_lines(report.get("model_memory"))),
             _md_table(estimate_table(report)),
             _notes(report),
             COUNT,
@@ -159,9 +163,11 @@ def _md_table(lines: list[str]) -> str:
 def _notes(r: dict[str, Any]) -> str:
     c = r["cost"]
     items = [
-        f"Device price: ${fmt(c['usd_per_hour'], '.3f')}/h ({c['price_source']}).",
-        "Each row's cost is its share of the device time by work: prompt tokens actually"
-        " computed, plus each decode step it spent in the batch; duplicates split one cost.",
+        *[f"Price warning: {w}" for w in c.get("price_warnings") or []],
+        f"Device price: ${fmt(c['usd_per_hour'], '.4f')}/h: {c['price_source']}.",
+        "Each row pays for the engine steps it was in, shared by the tokens each row computed"
+        " in a step (prefix-cache hits are free), plus a share of the load and idle time by"
+        " those tokens; duplicates split one row's cost.",
         *r["notes"],
     ]
     return (

@@ -37,6 +37,7 @@ def to_markdown(r: dict[str, Any]) -> str:
         f" ({r['engine']} engine).",
         "",
         *summary_table(r),
+        *price_warning_lines(r),
         *markdown_lines(r.get("model_memory")),
         *time_table(r),
         *api_table(r),
@@ -61,8 +62,8 @@ def summary_table(r: dict[str, Any]) -> list[str]:
         f" {fmt(tm['engine_seconds'], '.1f')} / {fmt(tm['forward_seconds'], '.1f')} |",
         f"| in forward passes, after model load | {fmt(tm.get('busy_fraction_after_load'), '.0%')} |",
         f"| completion tokens/s | {fmt(r['throughput']['completion_tokens_per_second'], ',.1f')} |",
-        f"| device-hours | {fmt(d['device_hours'], '.4f')} |",
-        f"| cost | {usd(c['cost_usd'])} at {usd(c['usd_per_hour'], '.3f')}/h ({c['price_source']}) |",
+        f"| {d.get('unit_hours', 'device-hours')} | {fmt(d['device_hours'], '.4f')} |",
+        f"| cost | {usd(c['cost_usd'])} at {usd(c['usd_per_hour'], '.4f')}/h: {c['price_source']} |",
         f"| $ per 1M input tokens | {usd(c['usd_per_1m_input_tokens'], ',.4f')} |",
         f"| $ per 1M output tokens | {usd(c['usd_per_1m_output_tokens'], ',.4f')} |",
         f"| $ per 1M tokens (input + output) | {usd(c['usd_per_1m_tokens'], ',.4f')} |",
@@ -71,6 +72,11 @@ def summary_table(r: dict[str, Any]) -> list[str]:
         f"| energy | {energy} |",
         "",
     ]
+
+
+def price_warning_lines(r: dict[str, Any]) -> list[str]:
+    warnings = r["cost"].get("price_warnings") or []
+    return [*[f"> Price warning: {w}" for w in warnings], ""] if warnings else []
 
 
 def time_table(r: dict[str, Any]) -> list[str]:
@@ -88,15 +94,18 @@ def api_table(r: dict[str, Any]) -> list[str]:
     lines = [
         "## The same tokens at hosted batch APIs",
         "",
-        "| provider | model | $ in / out per 1M | cost | x ours | prices as of |",
+        "| provider | model | batch $ in / cached in / out per 1M | cost | x ours | price date |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for a in r["api_equivalent"]:
+        cached = a.get("usd_per_1m_cached_input")
         lines.append(
-            f"| {a['provider']} | {a['model']} | ${a['usd_per_1m_input']} / "
-            f"${a['usd_per_1m_output']} | {usd(a['usd'])} | {fmt(a['ratio_to_ours'], ',.2f')}"
-            f" | {a['date']} |"
+            f"| {a['provider']} | {a['model']} | ${a['usd_per_1m_input']} /"
+            f" {'n/a' if cached is None else f'${cached}'} / ${a['usd_per_1m_output']}"
+            f" | {usd(a['usd'])} | {fmt(a['ratio_to_ours'], ',.2f')}"
+            f" | {a['date'] or 'undated'} |"
         )
+    lines += ["", "Sources: " + "; ".join(sorted({a["source"] for a in r["api_equivalent"]}))]
     return [*lines, ""]
 
 

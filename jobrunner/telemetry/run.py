@@ -15,6 +15,8 @@ from jobrunner.telemetry.sampler import DEFAULT_INTERVAL, Sampler
 from jobrunner.telemetry.timeline import (
     DEVICE_COLUMNS,
     DEVICE_FILE,
+    ROW_COLUMNS,
+    ROWS_FILE,
     STEP_COLUMNS,
     STEPS_FILE,
     append_timeline,
@@ -36,13 +38,18 @@ class RunTelemetry:
         return self
 
     def finish(
-        self, run_index: int, step_log: list[dict[str, Any]], savings: dict[str, float]
+        self,
+        run_index: int,
+        step_log: list[dict[str, Any]],
+        savings: dict[str, float],
+        row_log: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Stop sampling, save both timelines; the fields to add to this run's record."""
+        """Stop sampling, save the timelines; the fields to add to this run's record."""
         samples = self.sampler.stop()
         try:
             append_timeline(self.dir / DEVICE_FILE, samples, DEVICE_COLUMNS, run_index)
             append_timeline(self.dir / STEPS_FILE, step_log, STEP_COLUMNS, run_index)
+            append_timeline(self.dir / ROWS_FILE, row_log or [], ROW_COLUMNS, run_index)
         except Exception as e:  # telemetry never fails a job that finished its rows
             log.warning("could not save telemetry timelines in %s: %s", self.dir, e)
         return {

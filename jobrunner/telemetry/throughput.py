@@ -77,6 +77,16 @@ class StepModel:
             + context * self.context_token_s
         )
 
+    def step_seconds(self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0) -> float:
+        """One paged-engine step: `kv_tokens` is the KV cache in use while rows decode."""
+        per_decode = self.token_s if self.decode_token_s is None else self.decode_token_s
+        return (
+            self.step_s
+            + prefill_tokens * self.token_s
+            + decode_tokens * per_decode
+            + kv_tokens * self.context_token_s
+        )
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -1,4 +1,5 @@
-"""Timelines in the run directory: telemetry/device.parquet and telemetry/steps.parquet.
+"""Timelines in the run directory: telemetry/device.parquet, steps.parquet and rows.parquet
+(per finished row: its work, its share of the step time, its latencies and its cost).
 
 Each invocation of a job (a resume is a new one) appends its rows with a `run` column, so the
 files always cover the whole job. Written atomically (temporary name, then rename).
@@ -12,6 +13,7 @@ from typing import Any
 
 DEVICE_FILE = "device.parquet"
 STEPS_FILE = "steps.parquet"
+ROWS_FILE = "rows.parquet"
 
 DEVICE_COLUMNS = [
     "run",
@@ -38,6 +40,28 @@ STEP_COLUMNS = [
     "step_seconds",
     "preemptions",
 ]
+
+ROW_COLUMNS = [
+    "run",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "prefill_tokens",
+    "decode_tokens",
+    "device_seconds",
+    "first_token_seconds",
+    "decode_seconds",
+    "shared_with",
+    "cost_usd",
+]
+
+
+def row_record(r) -> dict[str, Any]:
+    """A finished row's telemetry (a Result: its Usage and how many shared its computation)."""
+    u = r.usage
+    rec = {c: getattr(u, c, None) for c in ROW_COLUMNS}
+    rec["shared_with"] = r.shared_with
+    return rec
 
 
 def telemetry_dir(run_path: str | Path) -> Path:

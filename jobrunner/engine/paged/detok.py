@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jobrunner.types import FinishReason, Request, Result, Usage
@@ -28,11 +28,13 @@ class FinishedRow:
     cached_tokens: int
     error_code: str | None = None
     error: str | None = None
+    work: Usage = field(default_factory=Usage)  # the sequence's work fields (telemetry.cost)
 
 
 def make_result(row: FinishedRow, text: str, output_ids: list[int], reason: FinishReason) -> Result:
     req = row.request
-    usage = Usage(req.num_prompt_tokens, row.cached_tokens, len(output_ids))
+    usage = replace(row.work, prompt_tokens=req.num_prompt_tokens, cached_tokens=row.cached_tokens)
+    usage.completion_tokens = len(output_ids)
     return Result(
         id=req.id,
         completion=text,
@@ -152,6 +154,7 @@ class Detokenizer:
                     list(watch.output_ids),
                     FinishReason.STOP,
                     watch.seq.num_cached_tokens,
+                    work=replace(watch.seq.work),
                 )
                 self._emit(row, text[:hit], FinishReason.STOP)
                 self._stop_hits.put(seq_id)

@@ -81,6 +81,7 @@ class PagedEngine(Engine):
         self._clean_steps = 0
         self._grow_after = GROW_BACK_STEPS
         self._live: dict[int, Sequence] = {}
+        self._entered: dict[int, float] = {}  # seq_id -> when it entered the engine (latency)
 
     # ------------------------------------------------------------------ the loop
 
@@ -138,6 +139,7 @@ class PagedEngine(Engine):
         max_new = min(request.sampling.max_new_tokens, capacity - n)
         seq = Sequence(request, max_new, self.eos_token_ids)
         self._live[seq.seq_id] = seq
+        self._entered[seq.seq_id] = time.perf_counter()
         self.detok.watch(seq)
         self.scheduler.add(seq)
 
@@ -245,6 +247,7 @@ class PagedEngine(Engine):
 
     def _post_finished(self, seq: Sequence, msg: str | None = None) -> None:
         self._live.pop(seq.seq_id, None)
+        self._entered.pop(seq.seq_id, None)
         self.runner.release(seq.seq_id)
         self.detok.finished(
             FinishedRow(
@@ -255,12 +258,14 @@ class PagedEngine(Engine):
                 seq.num_cached_tokens,
                 seq.error_code,
                 msg,
+                seq.work,
             )
         )
 
     def _abort_stop_hits(self) -> None:
         for seq_id in self.detok.stop_hits():
             seq = self._live.pop(seq_id, None)
+            self._entered.pop(seq_id, None)
             if seq is not None:
                 self.scheduler.finish(seq, FinishReason.STOP)
                 self.runner.release(seq_id)
@@ -271,6 +276,8 @@ class PagedEngine(Engine):
         s, sched = self.stats, self.scheduler
         decode = batch.num_decode_tokens
         s.steps += 1
+        s.row_seconds += seconds
+        self._attribute(batch, seconds)
         s.prefill_tokens += batch.num_tokens - decode
         s.decode_tokens += decode
         s.cached_tokens = sched.num_cached_tokens
@@ -288,6 +295,20 @@ class PagedEngine(Engine):
                 "preemptions": sched.num_preemptions,
             }
         )
+
+    def _attribute(self, batch: ScheduledBatch, seconds: float) -> None:
+        """Share the step's time by the tokens each row computed in it; note first/last tokens."""
+        now, total = time.perf_counter(), max(batch.num_tokens, 1)
+        for i, seq in enumerate(batch.seqs):
+            w, n = seq.work, batch.num_new_tokens[i]
+            w.add_step(n, batch.start_positions[i] >= seq.num_prompt_tokens, seconds * n / total)
+            if not batch.samples(i):
+                continue
+            since = now - self._entered.get(seq.seq_id, now)
+            if w.first_token_seconds is None:
+                w.first_token_seconds = since
+            else:
+                w.decode_seconds = since - w.first_token_seconds
 
 
 def _context_limit(hf_config) -> int:
