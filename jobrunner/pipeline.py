@@ -134,7 +134,12 @@ def _generate_sampled(
         expected_rows=total_rows - len(skip_ids),
     )
     committer.start_clock(since=t0)  # model load is paid for too, by every row
-    progress = Progress(total_rows - len(skip_ids), live=engine.stats)
+    progress = Progress(
+        total_rows - len(skip_ids),
+        live=engine.stats,
+        prompt=stream,
+        max_new_tokens=cfg.generation.max_new_tokens,
+    )
     try:
         interrupted = _run_engine(engine, stream, committer, progress)
     finally:

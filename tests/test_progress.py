@@ -1,4 +1,4 @@
-"""The progress line a cron log shows while a job runs."""
+"""The progress a person reads (bar) and a cron log shows (line): both move from the first step."""
 
 from __future__ import annotations
 
@@ -6,31 +6,110 @@ import logging
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from jobrunner.telemetry.progress import Progress
 from jobrunner.types import FinishReason, Result, Usage
 
 
-def test_log_line_counts_tokens_generated_before_any_row_finishes(caplog, monkeypatch):
-    """A continuous-batching engine has generated thousands of tokens before its first row
-    finishes; the log says so instead of "0 tok/s"."""
+@pytest.fixture(autouse=True)
+def no_bar(monkeypatch):
     monkeypatch.setenv("JOBRUNNER_NO_PROGRESS", "1")
-    live = SimpleNamespace(generated_tokens=0, prefill_tokens=0)  # the engine's live counters
+
+
+def live(**kw):
+    """The engine's live counters."""
+    base = dict(generated_tokens=0, prefill_tokens=0, cached_tokens=0, step_log=[])
+    return SimpleNamespace(**{**base, **kw})
+
+
+def prompts(tokens, rows, done=True):
+    """The prep stream's counters."""
+    return SimpleNamespace(prompt_tokens=tokens, rows_read=rows, read_done=done)
+
+
+def test_log_line_moves_during_prefill_before_any_row_finishes(caplog):
+    """For minutes a job only prefills prompts: the log says how far, not `0 rows 1 tok/s`."""
+    counters = live()
     caplog.set_level(logging.INFO, logger="jobrunner.progress")
-    progress = Progress(240, log_every=0.05, live=live)
+    progress = Progress(240, log_every=0.05, live=counters, prompt=prompts(58_659, 240))
     try:
-        live.generated_tokens, live.prefill_tokens = 12_345, 67_890
+        counters.prefill_tokens, counters.cached_tokens = 12_000, 345
         deadline = time.monotonic() + 10
-        while "12,345 tokens generated" not in caplog.text and time.monotonic() < deadline:
+        while "12,345/58,659" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
         progress.close()
-    assert "0/240 rows, 12,345 tokens generated (" in caplog.text
-    assert "67,890 prompt tokens computed" in caplog.text
+    assert "prompt 12,345/58,659 tok " in caplog.text
+    assert "rows 0/240" in caplog.text
     assert not progress._ticker.is_alive()  # close() stops the ticker
 
 
-def test_finished_rows_count_when_the_engine_reports_no_live_tokens(monkeypatch):
-    monkeypatch.setenv("JOBRUNNER_NO_PROGRESS", "1")
+def test_generated_tokens_count_before_rows_finish():
+    progress = Progress(240, log_every=60, live=live(generated_tokens=12_345, prefill_tokens=900))
+    try:
+        assert "rows 0/240 · 12,345 tok" in progress.line()
+    finally:
+        progress.close()
+
+
+def test_eta_comes_from_the_tokens_left_at_the_fitted_cost_of_each_kind():
+    steps = [  # 1 ms a prompt token, 10 ms a generated token
+        {"prefill_tokens": 1000, "decode_tokens": 0, "step_seconds": 1.0},
+        {"prefill_tokens": 500, "decode_tokens": 50, "step_seconds": 1.0},
+        {"prefill_tokens": 0, "decode_tokens": 100, "step_seconds": 1.0},
+    ]
+    counters = live(prefill_tokens=2000, generated_tokens=100, step_log=steps)
+    progress = Progress(
+        10, log_every=60, live=counters, prompt=prompts(5000, 10), max_new_tokens=50
+    )
+    try:
+        snap = progress.snapshot()
+    finally:
+        progress.close()
+    # 3,000 prompt tokens left (3 s) and 10 rows x 50 tokens less the 100 generated (4 s)
+    assert snap.prefill_eta == pytest.approx(3.0)
+    assert snap.eta == pytest.approx(7.0)
+    assert snap.fraction() == pytest.approx(3.0 / 10.0)  # 2 s + 1 s of work done
+    assert "ETA 0:00:07" in snap.text()
+
+
+def test_the_mean_completion_of_finished_rows_replaces_max_new_tokens():
+    steps = [{"prefill_tokens": 0, "decode_tokens": 100, "step_seconds": 1.0}]
+    counters = live(generated_tokens=40, step_log=steps)
+    progress = Progress(4, log_every=60, live=counters, prompt=prompts(100, 4), max_new_tokens=500)
+    try:
+        counters.prefill_tokens = 100
+        rows = [Result(str(i), "x", FinishReason.STOP, Usage(completion_tokens=20)) for i in (0, 1)]
+        progress.advance(rows)
+        snap = progress.snapshot()
+    finally:
+        progress.close()
+    assert snap.eta == pytest.approx(0.4)  # 2 rows x 20 tokens at 10 ms, none in flight
+    assert "prompt 100 tok done" in snap.text() and "rows 2/4" in snap.text()
+
+
+def test_prompt_total_is_extrapolated_until_the_input_is_read():
+    progress = Progress(100, log_every=60, live=live(), prompt=prompts(1000, 10, done=False))
+    try:
+        assert progress.prompt_total() == 10_000
+        progress.prompt = prompts(9_000, 100, done=True)
+        assert progress.prompt_total() == 9_000
+    finally:
+        progress.close()
+
+
+def test_before_any_token_is_generated_the_line_says_when_prefill_ends():
+    steps = [{"prefill_tokens": 1000, "decode_tokens": 0, "step_seconds": 2.0}]
+    counters = live(prefill_tokens=1000, step_log=steps)
+    progress = Progress(10, log_every=60, live=counters, prompt=prompts(4000, 10))
+    try:
+        assert progress.line().endswith("prefill ends in 0:00:06")
+    finally:
+        progress.close()
+
+
+def test_finished_rows_count_when_the_engine_reports_no_live_tokens():
     progress = Progress(3, log_every=60)
     try:
         rows = [
@@ -40,4 +119,4 @@ def test_finished_rows_count_when_the_engine_reports_no_live_tokens(monkeypatch)
     finally:
         progress.close()
     assert progress.done == 2 and progress.generated == 14
-    assert progress.line().startswith("2/3 rows, 14 tokens generated")
+    assert "rows 2/3 · 14 tok" in progress.line()

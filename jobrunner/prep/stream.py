@@ -51,6 +51,10 @@ class PrepStream:
         self._leader_key: dict[str, bytes] = {}
         self.skipped = 0
         self.deduplicated = 0
+        # progress: rows read (not skipped), prompt tokens they need prefilled, input read to the end
+        self.rows_read = 0
+        self.prompt_tokens = 0
+        self.read_done = False
         self.failure: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobrunner-prep", daemon=True)
@@ -95,6 +99,7 @@ class PrepStream:
         except BaseException as e:  # surfaced in the engine's thread by requests()
             self.failure = e
         finally:
+            self.read_done = True
             self._put(_END)
 
     def _put(self, item: object) -> None:
@@ -114,11 +119,13 @@ class PrepStream:
             if row_id is not None and row_id in self.skip_ids:
                 self.skipped += 1
                 continue
+            self.rows_read += 1
             if isinstance(item, RowError):
                 with self._lock:
                     self._errors.append(item)
                 continue
             if not self._is_follower(item):
+                self.prompt_tokens += item.num_prompt_tokens
                 yield item
 
     def _is_follower(self, r: Request) -> bool:
