@@ -1,6 +1,8 @@
-"""The command line: run, validate, estimate, report. No logic here; errors become exit codes.
+"""The command line: run, validate, estimate, report, quantize-check, init. No logic here;
+errors become exit codes.
 
-Logs go to stderr; the last line on stdout is a one-line JSON summary (for Airflow's XCom).
+Logs and human summaries go to stderr; the last line on stdout is a one-line JSON summary (for
+Airflow's XCom).
 """
 
 from __future__ import annotations
@@ -13,18 +15,88 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from jobrunner import errors
+
+
+class _Command(TyperCommand):
+    """Plain help text: arguments by name, options with a metavar only where they take a value."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        args = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        return ["[OPTIONS]", *(_arg_name(p) if p.required else f"[{_arg_name(p)}]" for p in args)]
+
+    def format_options(self, ctx, formatter) -> None:
+        params = self.get_params(ctx)
+        args = [(_arg_name(p), p.help or "") for p in params if p.param_type_name == "argument"]
+        opts = [
+            rv for p in params if p.param_type_name == "option" and (rv := p.get_help_record(ctx))
+        ]
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _arg_name(param) -> str:
+    return param.metavar or param.name.upper()
+
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Offline batch LLM inference: a job file in, completions and a cost report out.",
+    rich_markup_mode=None,
+    cls=TyperGroup,
+    help="Offline batch LLM inference: a job file in, completions and a cost report out."
+    " Start with `jobrunner init DATA_FILE`, then `jobrunner run JOB_FILE`.",
 )
 log = logging.getLogger("jobrunner")
 
-JobArg = Annotated[Path, typer.Argument(help="the job file (YAML)")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a key: key.path=value")]
+JobArg = Annotated[Path, typer.Argument(help="the job file (YAML)", metavar="JOB_FILE")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="override a job key, e.g. generation.max_new_tokens=64 (repeatable; relative"
+        " paths resolve against the working directory)",
+    ),
+]
+VerboseOpt = Annotated[bool, typer.Option("-v", "--verbose", help="debug logs")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"jobrunner {version('jobrunner')}")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            typer.echo("jobrunner (not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Offline batch LLM inference: a job file in, completions and a cost report out."""
+
+
+def _load(job: Path, set_: list[str] | None, executor: str | None = None):
+    """The job, loaded and checked against its input's columns (before any row or model)."""
+    from jobrunner.config import load_job
+    from jobrunner.prep.columns import check_columns
+
+    cfg = load_job(job, list(set_ or []), executor=executor)
+    check_columns(cfg)
+    return cfg
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -58,27 +130,34 @@ def _print_summary(summary: dict) -> None:
     sys.stdout.flush()
 
 
-@app.command()
+@app.command(cls=_Command)
 def run(
     job: JobArg,
     set_: SetOpt = None,
-    restart: Annotated[bool, typer.Option(help="discard earlier results in output.path")] = False,
-    retry_errors: Annotated[bool, typer.Option(help="rerun only the rows that failed")] = False,
-    executor: Annotated[str | None, typer.Option(help="local | ray")] = None,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="discard earlier results in output.path")
+    ] = False,
+    retry_errors: Annotated[
+        bool, typer.Option("--retry-errors", help="rerun only the rows that failed")
+    ] = False,
+    executor: Annotated[
+        str | None, typer.Option(metavar="NAME", help="local or ray (default: the job's)")
+    ] = None,
     pushgateway: Annotated[
         str | None,
-        typer.Option(help="push the job's metrics to this Prometheus Pushgateway at the end"),
+        typer.Option(
+            metavar="URL", help="push the job's metrics to this Prometheus Pushgateway at the end"
+        ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run a job: every input row gets a completion; resumes where an earlier run stopped."""
     _setup_logging(verbose)
     try:
-        from jobrunner.config import load_job
         from jobrunner.executors import run_with_executor
         from jobrunner.pipeline import RunOptions
 
-        cfg = load_job(job, list(set_ or []), executor=executor)
+        cfg = _load(job, set_, executor)
         summary = run_with_executor(cfg, RunOptions(restart=restart, retry_errors=retry_errors))
     except (Exception, KeyboardInterrupt) as e:
         if isinstance(e, KeyboardInterrupt):
@@ -100,25 +179,27 @@ def _push(run_dir: str, url: str) -> None:
         log.warning("could not push metrics to %s: %s", url, e)
 
 
-@app.command()
+@app.command(cls=_Command)
 def estimate(
     job: JobArg,
     set_: SetOpt = None,
     calibrate: Annotated[
         int,
         typer.Option(
-            help="generate N sampled rows with the real model to measure lengths and speed", min=0
+            metavar="N",
+            min=0,
+            show_default=False,
+            help="generate N sampled rows with the real model to measure lengths and speed",
         ),
     ] = 0,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Predict rows, tokens, time and cost before running (no weights unless --calibrate)."""
     _setup_logging(verbose)
     try:
-        from jobrunner.config import load_job
         from jobrunner.estimate import estimate_job, save_estimate, to_text
 
-        cfg = load_job(job, list(set_ or []))
+        cfg = _load(job, set_)
         est = estimate_job(cfg, calibrate)
         path = save_estimate(cfg, est)
     except Exception as e:
@@ -137,29 +218,31 @@ def estimate(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def validate(
     job: JobArg,
     set_: SetOpt = None,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Check the job and its input (schema, prompts, token counts) without loading weights."""
+    """Check the job, every input row (prompts, token counts) and the output path, without
+    loading weights."""
     _setup_logging(verbose)
     try:
-        from jobrunner.config import load_job
-        from jobrunner.validate import validate_job
+        from jobrunner.validate import to_text, validate_job
 
-        cfg = load_job(job, list(set_ or []))
-        summary = validate_job(cfg)
+        summary = validate_job(_load(job, set_))
     except Exception as e:
         _fail(e)
         return
+    typer.echo(to_text(summary), err=True)
     _print_summary(summary)
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="the run directory (output.path)")],
+    run_dir: Annotated[
+        Path, typer.Argument(metavar="RUN_DIR", help="the run directory (output.path)")
+    ],
 ) -> None:
     """Rebuild every report from a run directory, without a model or a GPU."""
     _setup_logging(False)
@@ -187,38 +270,75 @@ def report(
     )
 
 
-@app.command("quantize-check")
+@app.command("quantize-check", cls=_Command)
 def quantize_check(
     job: JobArg,
     set_: SetOpt = None,
     sample: Annotated[
-        int, typer.Option("--sample", min=1, help="prompts sampled from the input")
+        int,
+        typer.Option(
+            "--sample", metavar="N", min=1, help="prompts sampled from the input (default 8)"
+        ),
     ] = 8,
     quantization: Annotated[
         str | None,
-        typer.Option(help="int8 | int4 | fp8 (default: the job's model.quantization, else int8)"),
+        typer.Option(
+            metavar="MODE",
+            help="int8, int4 or fp8 (default: the job's model.quantization, else int8)",
+        ),
     ] = None,
     write: Annotated[
         Path | None,
         typer.Option(
+            metavar="PATH",
             help="write the job with the plan as model.keep_in_16bit to this path (may be the"
-            " job file itself; YAML comments are not kept)"
+            " job file itself; YAML comments are not kept)",
         ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Measure each linear layer's quantization error on sampled prompts; propose 16-bit layers."""
     _setup_logging(verbose)
     try:
-        from jobrunner.config import load_job
         from jobrunner.quant_check import run_check
 
-        cfg = load_job(job, list(set_ or []))
+        cfg = _load(job, set_)
         summary = run_check(cfg, sample, quantization, write)
     except Exception as e:
         _fail(e)
         return
     _print_summary(summary)
+
+
+@app.command(cls=_Command)
+def init(
+    input_file: Annotated[
+        Path,
+        typer.Argument(metavar="DATA_FILE", help="a .csv, .parquet or .jsonl file of your rows"),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            metavar="PATH",
+            help="where to write the job file (default: DATA_FILE's name with .yaml, next to it)",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing job file")] = False,
+) -> None:
+    """Write a commented job file for a data file: its columns, a proposed prompt, the defaults.
+    It runs as is: `jobrunner run` it, or edit the prompt first."""
+    _setup_logging(False)
+    try:
+        from jobrunner.init import write_job_file
+
+        path, summary = write_job_file(input_file, output, force)
+    except Exception as e:
+        _fail(e)
+        return
+    typer.echo(f"wrote {path}\n{summary}\nnext: jobrunner run {path}", err=True)
+    _print_summary({"status": "ok", "job": str(path)})
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,8 +144,10 @@ class JobConfig(_Strict):
     executor: Literal["local", "ray"] = "local"
     ray: RayConfig = Field(default_factory=RayConfig)
 
-    # Where the job file lives; relative input/output paths resolve against the working dir.
+    # Where the job file lives; load_job resolved the relative paths in it against its folder.
     source_file: str | None = Field(None, exclude=True)
+    # key path -> what load_job resolved it against ("the job file's folder /x"), for errors
+    paths_base: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     def fingerprint_parts(self) -> dict[str, Any]:
         """What makes two runs 'the same job' (resume refuses a different one)."""
@@ -215,7 +218,52 @@ def load_job(
     except ValidationError as e:
         raise ConfigError(_describe(e, path, lines, args)) from e
     cfg.source_file = str(path)
+    _resolve_paths(cfg, path.absolute().parent, args)
     return cfg
+
+
+PATH_KEYS = ("input.path", "output.path", "model.source")
+
+
+def _resolve_paths(cfg: JobConfig, job_dir: Path, args: dict[tuple, str]) -> None:
+    """Relative paths in the job file resolve against its folder (as docker compose and dbt
+    do), so a job runs the same from any working directory; `--set` paths resolve against the
+    working directory, where the user typed them. URLs and absolute paths are kept."""
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        from_cli = tuple(key.split(".")) in args
+        base = Path.cwd() if from_cli else job_dir
+        resolved = _resolve_path(value, base, is_model=key == "model.source")
+        if resolved is not None:
+            setattr(getattr(cfg, section), name, resolved)
+            where = "the working directory" if from_cli else "the job file's folder"
+            cfg.paths_base[key] = f"{value!r} relative to {where}, {base}"
+
+
+def relocate_paths(data: dict, job_file: Path, target: Path) -> None:
+    """Rewrite the relative paths of a job file's data so that they still name the same files
+    when the job is written to `target` (another folder)."""
+    src, dst = job_file.absolute().parent, target.absolute().parent
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        value = (data.get(section) or {}).get(name)
+        if isinstance(value, str):
+            resolved = _resolve_path(value, src, is_model=key == "model.source")
+            if resolved is not None:
+                data[section][name] = os.path.relpath(resolved, dst)
+
+
+def _resolve_path(value: str, base: Path, is_model: bool) -> str | None:
+    """The absolute path for a relative one, or None to keep the value as it is."""
+    if not value or "://" in value or Path(value).expanduser().is_absolute():
+        return None
+    candidate = base / value
+    if is_model:  # a model source is a path only when it looks like one (else an alias, hub id)
+        looks_like_path = value.endswith(".gguf") or value.startswith(".") or candidate.exists()
+        if not looks_like_path:
+            return None
+    return os.path.normpath(candidate)
 
 
 def apply_override(data: dict, item: str) -> tuple[str, ...]:

@@ -140,9 +140,11 @@ def write_plan(job_file: Path, target: Path, mode: str, plan: list[str]) -> None
     comments are not kept)."""
     import yaml
 
+    from jobrunner.config import relocate_paths
     from jobrunner.io.writers import write_text_atomic
 
     data = yaml.safe_load(job_file.read_text(encoding="utf-8")) or {}
+    relocate_paths(data, job_file, target)  # relative paths name the same files from there
     data.setdefault("model", {}).update(quantization=mode, keep_in_16bit=plan)
     write_text_atomic(target, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
-from jobrunner.errors import InputDataError
+from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import read_rows
 from jobrunner.types import RowError
 
@@ -21,6 +23,7 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
     from jobrunner.formats import make_preparer
     from jobrunner.resume import describe_duplicates, scan_ids
 
+    output = check_output(cfg)
     total, duplicates = scan_ids(cfg)
     if duplicates:
         raise InputDataError(describe_duplicates(duplicates))
@@ -44,6 +47,8 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
         "prompt_tokens": sum(lengths),
         "max_prompt_tokens": max(lengths, default=0),
         "max_new_tokens": cfg.generation.max_new_tokens,
+        "output": cfg.output.path,
+        "output_state": output,
     }
     if total and failed / total > cfg.input.max_error_rate:
         raise InputDataError(
@@ -51,3 +56,48 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
             f" {cfg.input.max_error_rate:.1%}): {dict(codes)}"
         )
     return summary
+
+
+def check_output(cfg: JobConfig) -> str:
+    """Whether `run` can write output.path: "new", "resumes" or "finished"; ConfigError if not.
+
+    A run directory holding a different job is refused here as `run` would refuse it."""
+    from jobrunner.io.rundir import RunDir
+    from jobrunner.resume import check_same_job
+
+    path = Path(cfg.output.path)
+    if "://" in cfg.output.path:
+        return "new"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output.path: {path} is a file; the run directory must be a folder")
+    if not path.exists():
+        parent = next(p for p in path.parents if p.exists())
+        if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+            raise ConfigError(f"output.path: cannot create {path}: {parent} is not writable")
+        return "new"
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.path: {path} is not writable")
+    rundir = RunDir(path)
+    if rundir.load_manifest() is None:
+        return "new"
+    check_same_job(rundir, cfg)
+    return "finished" if rundir.finished else "resumes"
+
+
+def to_text(summary: dict[str, Any]) -> str:
+    """The validation for a person (stderr); the JSON summary goes to stdout."""
+    state = {
+        "new": "a new run directory",
+        "resumes": "holds an earlier run of this job: `run` continues it",
+        "finished": "holds this job, finished: `run` does nothing (--restart to redo it)",
+    }[summary["output_state"]]
+    codes = ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())
+    return "\n".join(
+        [
+            f"{summary['rows']:,} rows: {summary['valid']:,} valid, {summary['invalid']:,} invalid"
+            + (f" ({codes})" if codes else ""),
+            f"  prompt tokens   {summary['prompt_tokens']:,} (longest"
+            f" {summary['max_prompt_tokens']:,}), up to {summary['max_new_tokens']:,} new per row",
+            f"  output          {summary['output']}: {state}",
+        ]
+    )

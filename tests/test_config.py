@@ -112,3 +112,52 @@ def test_unknown_executor_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_job(job, executor="foo")
     assert str(e.value) == "--executor foo: executor must be one of 'local' or 'ray', got 'foo'"
+
+
+def test_relative_paths_resolve_against_the_job_files_folder(tmp_path, monkeypatch):
+    (tmp_path / "jobs").mkdir()
+    job = write_job(
+        tmp_path / "jobs" / "job.yaml",
+        "input: {path: ../data/rows.csv}\noutput: {path: out/x}\nmodel: {source: ./m.gguf}\n",
+    )
+    monkeypatch.chdir("/")
+    cfg = load_job(job)
+    assert cfg.input.path == str(tmp_path / "data" / "rows.csv")
+    assert cfg.output.path == str(tmp_path / "jobs" / "out" / "x")
+    assert cfg.model.source == str(tmp_path / "jobs" / "m.gguf")
+
+
+def test_set_paths_resolve_against_the_working_directory(tmp_path, monkeypatch):
+    job = write_job(tmp_path / "job.yaml", "output: {path: out/x}\n")
+    monkeypatch.chdir(tmp_path.parent)
+    cfg = load_job(job, ["input.path=rows.parquet"])
+    assert cfg.input.path == str(tmp_path.parent / "rows.parquet")
+    assert "working directory" in cfg.paths_base["input.path"]
+
+
+def test_absolute_paths_urls_and_model_names_are_kept(tmp_path):
+    job = write_job(
+        tmp_path / "job.yaml",
+        "input: {path: /data/rows.parquet}\noutput: {path: s3://bucket/out}\n"
+        "model: {source: HuggingFaceTB/SmolLM2-135M-Instruct}\n",
+    )
+    cfg = load_job(job)
+    assert cfg.input.path == "/data/rows.parquet"
+    assert cfg.output.path == "s3://bucket/out"
+    assert cfg.model.source == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_relocated_job_keeps_naming_the_same_files(tmp_path):
+    import yaml
+
+    from jobrunner.config import relocate_paths
+
+    (tmp_path / "jobs").mkdir()
+    job = write_job(tmp_path / "jobs" / "job.yaml", "input: {path: ../data/a.csv}\n")
+    data = yaml.safe_load(job.read_text())
+    target = tmp_path / "elsewhere" / "deep" / "job.yaml"
+    relocate_paths(data, job, target)
+    assert data["input"]["path"] == "../../data/a.csv"
+    target.parent.mkdir(parents=True)
+    target.write_text(yaml.safe_dump(data))
+    assert load_job(target).input.path == str(tmp_path / "data" / "a.csv")

@@ -154,3 +154,22 @@ def test_validate_counts_rows_without_weights(tmp_path):
     )
     code, _ = run_cli("validate", str(job), "--set", "input.max_error_rate=0.1")
     assert code == 65
+
+
+def test_init_writes_a_job_that_runs_as_is_from_any_folder(tmp_path, monkeypatch):
+    data = tmp_path / "data" / "posts.csv"
+    data.parent.mkdir()
+    data.write_text(
+        "id,title,body\n"
+        'a1,Tea,"Green tea has less caffeine than coffee."\n'
+        'a2,Rain,"It rained all day in the valley."\n'
+    )
+    code, summary = run_cli("init", str(data))
+    assert code == 0
+    monkeypatch.chdir("/")  # relative paths in the job file resolve against its own folder
+    code, summary = run_cli("run", summary["job"])
+    assert code == 0, summary
+    assert summary["rows"]["succeeded"] == 2
+    rows = pq.read_table(tmp_path / "data" / "out" / "posts" / "results").to_pylist()
+    assert sorted(r["id"] for r in rows) == ["a1", "a2"]
+    assert all(r["completion"] and r["title"] for r in rows)

@@ -1,0 +1,113 @@
+"""The job's column names checked against the input's columns, before any row or model.
+
+A template field, a prompt, messages, id or priority column that the input lacks would fail
+every row; it is one configuration error instead (exit 78), raised before the model loads:
+`template field {titel} is not a column; columns: id, title, body; did you mean title?`.
+
+Columns are read from the first rows of each file through the readers (Parquet and CSV: the
+schema; JSONL: the keys of the first SAMPLE_ROWS lines). OpenAI batch files carry their own
+fields and are not checked here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import logging
+from dataclasses import dataclass
+
+from jobrunner.config import JobConfig
+from jobrunner.errors import ConfigError, InputDataError
+from jobrunner.formats import detect_format, input_files, input_format
+from jobrunner.io.readers import RawRow
+from jobrunner.prep.render import RenderError, template_fields
+
+SAMPLE_ROWS = 100  # JSONL lines read for their keys
+MAX_FILES = 64  # files checked; a corpus of many shards shares one schema
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InputColumns:
+    file: str
+    columns: tuple[str, ...]
+
+
+def check_columns(cfg: JobConfig) -> list[InputColumns]:
+    """Raise ConfigError naming every job column the input lacks; return what was read."""
+    seen = [c for c in (file_columns(f, cfg) for f in _files(cfg)[:MAX_FILES]) if c]
+    problems: dict[str, str] = {}  # each problem once, with the first file that has it
+    for found in seen:
+        for p in _problems(cfg, found):
+            problems.setdefault(p, found.file)
+    if problems:
+        where = f"{cfg.source_file}: " if cfg.source_file else ""
+        raise ConfigError("\n".join(f"{where}{p} (in {f})" for p, f in problems.items()))
+    col = cfg.input.id_column
+    if col and seen and not _names_id(cfg) and not any(col in f.columns for f in seen):
+        log.info(
+            "the input has no %r column: row ids are derived from the file name and row"
+            " number (set input.id_column to name the id column, or null to say so)",
+            col,
+        )
+    return seen
+
+
+def file_columns(file: str, cfg: JobConfig) -> InputColumns | None:
+    """The columns of one input file, or None for a format that has no columns to check."""
+    kind = detect_format(file, cfg.input.format)
+    if kind == "openai-batch":
+        return None
+    names: dict[str, None] = {}
+    for item in itertools.islice(input_format(kind).read(file, SAMPLE_ROWS), SAMPLE_ROWS):
+        if isinstance(item, RawRow):
+            names.update(dict.fromkeys(item.values))
+    return InputColumns(file, tuple(names)) if names else None
+
+
+def _files(cfg: JobConfig) -> list[str]:
+    try:
+        return input_files(cfg.input.path)
+    except InputDataError as e:
+        note = cfg.paths_base.get("input.path")
+        raise InputDataError(f"{e} ({note})" if note else str(e)) from e
+
+
+def _names_id(cfg: JobConfig) -> bool:
+    """True when the job names its id column itself (not the default `id`)."""
+    return "id_column" in cfg.input.model_fields_set
+
+
+def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
+    inp, cols = cfg.input, found.columns
+    wanted = [
+        ("input.prompt.column", "the prompt column", inp.prompt.column, ""),
+        ("input.prompt.messages_column", "the messages column", inp.prompt.messages_column, ""),
+        ("input.priority_column", "the priority column", inp.priority_column, ""),
+    ]
+    if _names_id(cfg):  # the default `id` may be absent: ids are then derived
+        derive = " (or input.id_column: null for ids made of the file name and row number)"
+        wanted.append(("input.id_column", "the id column", inp.id_column, derive))
+    out = [
+        f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols)}{tail}"
+        for key, what, name, tail in wanted
+        if name and name not in cols
+    ]
+    if inp.prompt.template:
+        try:
+            fields = template_fields(inp.prompt.template)
+        except RenderError as e:
+            return [*out, f"input.prompt.template: {e}"]
+        out += [
+            f"input.prompt.template: template field {{{f}}} is not a column;"
+            f" {_columns_hint(f, cols)}"
+            for f in dict.fromkeys(fields)
+            if f not in cols
+        ]
+    return out
+
+
+def _columns_hint(name: str, columns: tuple[str, ...]) -> str:
+    hint = f"columns: {', '.join(columns)}"
+    near = difflib.get_close_matches(name, columns, n=1, cutoff=0.6)
+    return f"{hint}; did you mean {near[0]}?" if near else hint
