@@ -130,7 +130,7 @@ def _print_summary(summary: dict) -> None:
     sys.stdout.flush()
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="run a job (resumes where an earlier run stopped)")
 def run(
     job: JobArg,
     set_: SetOpt = None,
@@ -179,7 +179,7 @@ def _push(run_dir: str, url: str) -> None:
         log.warning("could not push metrics to %s: %s", url, e)
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="predict tokens, time and cost before a run")
 def estimate(
     job: JobArg,
     set_: SetOpt = None,
@@ -218,7 +218,7 @@ def estimate(
     )
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="check the job, every row and the output path")
 def validate(
     job: JobArg,
     set_: SetOpt = None,
@@ -238,7 +238,7 @@ def validate(
     _print_summary(summary)
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="rebuild the reports of a run directory")
 def report(
     run_dir: Annotated[
         Path, typer.Argument(metavar="RUN_DIR", help="the run directory (output.path)")
@@ -270,7 +270,9 @@ def report(
     )
 
 
-@app.command("quantize-check", cls=_Command)
+@app.command(
+    "quantize-check", cls=_Command, short_help="per-layer quantization error; a 16-bit plan"
+)
 def quantize_check(
     job: JobArg,
     set_: SetOpt = None,
@@ -310,7 +312,7 @@ def quantize_check(
     _print_summary(summary)
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="write a commented job file for a data file")
 def init(
     input_file: Annotated[
         Path,

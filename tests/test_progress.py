@@ -53,30 +53,38 @@ def test_generated_tokens_count_before_rows_finish():
         progress.close()
 
 
-def test_eta_comes_from_the_tokens_left_at_the_fitted_cost_of_each_kind():
-    steps = [  # 1 ms a prompt token, 10 ms a generated token
-        {"prefill_tokens": 1000, "decode_tokens": 0, "step_seconds": 1.0},
-        {"prefill_tokens": 500, "decode_tokens": 50, "step_seconds": 1.0},
-        {"prefill_tokens": 0, "decode_tokens": 100, "step_seconds": 1.0},
+def decode_steps(n, tokens, seconds, prefill=0):
+    """A step log: n steps of `tokens` decode tokens, `seconds` apart."""
+    return [
+        {"t": i * seconds, "prefill_tokens": prefill, "decode_tokens": tokens, "step_seconds": 0}
+        for i in range(n)
     ]
-    counters = live(prefill_tokens=2000, generated_tokens=100, step_log=steps)
+
+
+def test_eta_is_prompt_tokens_left_then_tokens_left_to_generate():
+    counters = live(step_log=decode_steps(5, 10, 0.1))  # decode-only steps: 100 tok/s
+    now = [0.0]
     progress = Progress(
-        10, log_every=60, live=counters, prompt=prompts(5000, 10), max_new_tokens=50
+        10, 60, counters, prompts(5000, 10), max_new_tokens=50, clock=lambda: now[0]
     )
     try:
+        now[0] = 2.0  # in 2 s: 2,000 prompt tokens and 100 generated
+        counters.prefill_tokens, counters.generated_tokens = 2000, 100
         snap = progress.snapshot()
     finally:
         progress.close()
-    # 3,000 prompt tokens left (3 s) and 10 rows x 50 tokens less the 100 generated (4 s)
+    # 3,000 prompt tokens left at 1,000 tok/s: 3 s, while rows generate 150 more tokens; of the
+    # 10 rows x 50 tokens, 500 - 100 - 150 = 250 are left after it, at 100 tok/s: 2.5 s
     assert snap.prefill_eta == pytest.approx(3.0)
-    assert snap.eta == pytest.approx(7.0)
-    assert snap.fraction() == pytest.approx(3.0 / 10.0)  # 2 s + 1 s of work done
-    assert "ETA 0:00:07" in snap.text()
+    assert snap.eta == pytest.approx(5.5)
+    assert snap.fraction() == pytest.approx(2.0 / 7.5)
+    assert snap.text() == (
+        "prompt 2,000/5,000 tok 1,000/s · rows 0/10 · 100 tok 50/s · ETA 0:00:06"
+    )
 
 
 def test_the_mean_completion_of_finished_rows_replaces_max_new_tokens():
-    steps = [{"prefill_tokens": 0, "decode_tokens": 100, "step_seconds": 1.0}]
-    counters = live(generated_tokens=40, step_log=steps)
+    counters = live(generated_tokens=40, step_log=decode_steps(5, 10, 0.1))
     progress = Progress(4, log_every=60, live=counters, prompt=prompts(100, 4), max_new_tokens=500)
     try:
         counters.prefill_tokens = 100
@@ -85,8 +93,19 @@ def test_the_mean_completion_of_finished_rows_replaces_max_new_tokens():
         snap = progress.snapshot()
     finally:
         progress.close()
-    assert snap.eta == pytest.approx(0.4)  # 2 rows x 20 tokens at 10 ms, none in flight
+    assert snap.eta == pytest.approx(0.4)  # 2 rows x 20 tokens at 100 tok/s, none in flight
     assert "prompt 100 tok done" in snap.text() and "rows 2/4" in snap.text()
+
+
+def test_before_any_decode_only_step_the_line_says_when_prefill_ends():
+    counters = live(step_log=decode_steps(3, 2, 1.0, prefill=500))  # mixed steps only
+    now = [0.0]
+    progress = Progress(10, 60, counters, prompts(4000, 10), clock=lambda: now[0])
+    try:
+        now[0], counters.prefill_tokens = 1.0, 1000  # 1,000 tok/s
+        assert progress.line().endswith("prefill ends in 0:00:03")
+    finally:
+        progress.close()
 
 
 def test_prompt_total_is_extrapolated_until_the_input_is_read():
@@ -95,16 +114,6 @@ def test_prompt_total_is_extrapolated_until_the_input_is_read():
         assert progress.prompt_total() == 10_000
         progress.prompt = prompts(9_000, 100, done=True)
         assert progress.prompt_total() == 9_000
-    finally:
-        progress.close()
-
-
-def test_before_any_token_is_generated_the_line_says_when_prefill_ends():
-    steps = [{"prefill_tokens": 1000, "decode_tokens": 0, "step_seconds": 2.0}]
-    counters = live(prefill_tokens=1000, step_log=steps)
-    progress = Progress(10, log_every=60, live=counters, prompt=prompts(4000, 10))
-    try:
-        assert progress.line().endswith("prefill ends in 0:00:06")
     finally:
         progress.close()
 

@@ -86,7 +86,7 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
         ("input.priority_column", "the priority column", inp.priority_column, ""),
     ]
     if _names_id(cfg):  # the default `id` may be absent: ids are then derived
-        derive = " (or input.id_column: null for ids made of the file name and row number)"
+        derive = "; or input.id_column: null makes ids of the file name and row number"
         wanted.append(("input.id_column", "the id column", inp.id_column, derive))
     out = [
         f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols)}{tail}"

@@ -9,11 +9,10 @@ Both say the same thing, and it moves from the first engine step:
 - rows finished, and tokens generated as the engine samples them (its live counters, read by a
   ticker thread), not only those of finished rows: a continuous-batching engine works on every
   row at once, so for the first minutes few rows finish while thousands of tokens are computed;
-- the ETA from the work left in tokens: prompt tokens left times the seconds per prompt token,
-  plus tokens left to generate (rows left times the mean completion so far, max_new_tokens
-  before any row finishes) times the seconds per generated token. Both costs are fitted to the
-  engine's recent steps (`telemetry.throughput.nnls`), which share their time between prefill
-  and decode; without a step log, each phase's own rate.
+- the ETA from the work left in tokens: prompt tokens left at the rate prompts have been
+  processed, then the tokens left to generate (rows left times the mean completion so far,
+  max_new_tokens before any row finishes, less what rows generate meanwhile) at the rate of the
+  engine's recent decode-only steps. Until such steps exist, the line says when prefill ends.
 
 Log lines go through the bar's console while it shows, so they print above it and never break
 it. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
@@ -21,18 +20,20 @@ it. JOBRUNNER_NO_PROGRESS=1 turns the bar off (log lines remain).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jobrunner.types import Result
 
 log = logging.getLogger("jobrunner.progress")
-FIT_STEPS = 128  # recent engine steps the ETA's token costs are fitted to
+RECENT_STEPS = 64  # recent engine steps the decode rate is measured on
 
 
 class PromptCounter(Protocol):
@@ -56,17 +57,17 @@ class Snapshot:
     generate_rate: float
     eta: float | None  # seconds; None before a cost per generated token is known
     prefill_eta: float | None  # seconds until every known prompt token is processed
-    work_fraction: float | None = None  # work done over work done and left, in seconds
+    time_fraction: float | None = None  # time elapsed over time elapsed and left
 
     @property
     def prefilling(self) -> bool:
         return self.prompt_total is not None and self.prompt_done < self.prompt_total
 
     def fraction(self) -> float:
-        """Share of the work done: in seconds of work once both token costs are known, else
-        prompt tokens while prefill leads, rows afterwards."""
-        if self.work_fraction is not None:
-            return self.work_fraction
+        """Share of the job done: in time once there is an ETA, else prompt tokens while
+        prefill leads, rows afterwards."""
+        if self.time_fraction is not None:
+            return self.time_fraction
         if self.prefilling and not self.rows_done:
             return self.prompt_done / max(self.prompt_total or 1, 1)
         return self.rows_done / max(self.rows_total, 1)
@@ -99,6 +100,7 @@ class Progress:
         live: Any | None = None,
         prompt: PromptCounter | None = None,
         max_new_tokens: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.total = max(total, 0)
         self.done = 0
@@ -106,10 +108,10 @@ class Progress:
         self.live = live  # EngineStats: generated, prefill and cached tokens, step_log
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
-        self.t0 = time.monotonic()
+        self.clock = clock
+        self.t0 = clock()
         self.log_every = log_every
-        # per phase: when it began, when its count last moved, that count
-        self._phase: dict[str, list] = {"prompt": [self.t0, None, 0], "generate": [None, None, 0]}
+        self._moved = {"prompt": (None, 0), "generate": (None, 0)}  # when the count last moved
         self._bar = None
         self._restore: list[tuple[logging.StreamHandler, Any]] = []
         self._stop = threading.Event()
@@ -133,7 +135,7 @@ class Progress:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.generated / max(time.monotonic() - self.t0, 1e-9)
+        return self.generated / max(self.clock() - self.t0, 1e-9)
 
     def prompt_total(self) -> int | None:
         p = self.prompt
@@ -144,7 +146,7 @@ class Progress:
         return round(p.prompt_tokens / p.rows_read * max(self.total, p.rows_read))
 
     def snapshot(self) -> Snapshot:
-        now = time.monotonic()
+        now = self.clock()
         prompt_done, generated = self.prompt_done, self.generated
         total = self.prompt_total()
         if total is not None:
@@ -153,16 +155,17 @@ class Progress:
         generate_rate = self._rate("generate", generated, now)
         prompt_left = max((total or 0) - prompt_done, 0)
         generate_left = self._generate_left(generated)
-        cost_p, cost_g = self._token_costs(prompt_rate, generate_rate)
         prefill_eta = None
-        if total is not None and (cost_p is not None or not prompt_left):
-            prefill_eta = prompt_left * (cost_p or 0.0)
-        elif self.prompt is None:
-            prefill_eta = 0.0  # no prompt counter (e.g. a worker pool's aggregate)
-        eta = work = None
-        if cost_g is not None and prefill_eta is not None:
-            eta = prefill_eta + generate_left * cost_g
-            work = prompt_done * (cost_p or 0.0) + generated * cost_g
+        if self.prompt is None or (total is not None and not prompt_left):
+            prefill_eta = 0.0  # done, or no prompt counter (e.g. a worker pool's aggregate)
+        elif total is not None and prompt_rate:
+            prefill_eta = prompt_left / prompt_rate
+        decode_rate = self._decode_rate(generate_rate)
+        eta = None
+        if prefill_eta is not None and decode_rate:
+            during = generate_rate * prefill_eta  # rows decode while prompts are still prefilled
+            eta = prefill_eta + max(generate_left - during, 0) / decode_rate
+        elapsed = now - self.t0
         return Snapshot(
             prompt_done,
             total,
@@ -173,18 +176,17 @@ class Progress:
             generate_rate,
             eta,
             prefill_eta,
-            work / (work + eta) if work and eta is not None else None,
+            elapsed / (elapsed + eta) if eta is not None and elapsed + eta > 0 else None,
         )
 
     def _rate(self, phase: str, count: int, now: float) -> float:
-        """Tokens a second over the time this phase has moved (its start to its latest move)."""
-        state = self._phase[phase]
-        if count and state[0] is None:
-            state[0] = now - 1.0  # first seen on this tick: it began within the last second
-        if count != state[2]:
-            state[1], state[2] = now, count
-        first, last = state[0], state[1]
-        return count / max(last - first, 1e-9) if first is not None and last else 0.0
+        """Tokens a second from the start to the latest move of the count (so a finished phase
+        keeps its rate)."""
+        moved, last = self._moved[phase]
+        if count != last:
+            moved, last = now, count
+            self._moved[phase] = (moved, last)
+        return count / (moved - self.t0) if moved is not None and moved > self.t0 else 0.0
 
     def _generate_left(self, generated: int) -> int:
         """Rows left times the expected completion, less what unfinished rows already have."""
@@ -197,27 +199,20 @@ class Progress:
         in_flight = max(generated - self.tokens, 0)
         return max(round((self.total - self.done) * mean) - in_flight, 0)
 
-    def _token_costs(
-        self, prompt_rate: float, generate_rate: float
-    ) -> tuple[float | None, float | None]:
-        """Seconds per prompt token and per generated token (None where not yet known)."""
-        steps = list(getattr(self.live, "step_log", None) or [])[-FIT_STEPS:]
-        pts = [
-            (float(s["prefill_tokens"]), float(s["decode_tokens"]), float(s["step_seconds"]))
-            for s in steps
-            if s.get("prefill_tokens") is not None and s.get("step_seconds") is not None
-        ]
-        cost_p = 1 / prompt_rate if prompt_rate else None
-        cost_g = 1 / generate_rate if generate_rate else None
-        if pts:  # the engine's steps share their time between the two kinds of token
-            from jobrunner.telemetry.throughput import nnls
-
-            a, b = nnls(pts)
-            if a > 0 and any(p[0] for p in pts):
-                cost_p = a
-            if b > 0 and any(p[1] for p in pts):
-                cost_g = b
-        return cost_p, cost_g
+    def _decode_rate(self, generate_rate: float) -> float | None:
+        """Generated tokens a second once no prompt is prefilled: measured on the engine's recent
+        decode-only steps, in wall time (step to step). None until there are some: the rate
+        while prompts are prefilled says little about it. An engine whose steps do not split
+        prefill from decode (static batches) has one rate for both."""
+        steps = list(getattr(self.live, "step_log", None) or [])[-RECENT_STEPS:]
+        if not steps or steps[-1].get("prefill_tokens") is None:
+            return generate_rate or None
+        tokens = seconds = 0.0
+        for prev, step in itertools.pairwise(steps):
+            if step.get("prefill_tokens") == 0 and step.get("decode_tokens"):
+                tokens += step["decode_tokens"]
+                seconds += step["t"] - prev["t"]
+        return tokens / seconds if tokens and seconds > 0 else None
 
     # ---------------------------------------------------------------- display
 
