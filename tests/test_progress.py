@@ -129,3 +129,18 @@ def test_finished_rows_count_when_the_engine_reports_no_live_tokens():
         progress.close()
     assert progress.done == 2 and progress.generated == 14
     assert "rows 2/3 · 14 tok" in progress.line()
+
+
+def test_rows_still_running_past_the_mean_are_not_taken_as_done():
+    """The first row to finish is a short one: the rows still running have more to go."""
+    steps = [{**s, "num_running": 2} for s in decode_steps(5, 2, 1.0)]  # 2 tok/s
+    counters = live(prefill_tokens=100, generated_tokens=42, step_log=steps)
+    progress = Progress(3, 60, counters, prompts(100, 3), max_new_tokens=128)
+    try:
+        progress.advance([Result("a", "x", FinishReason.STOP, Usage(completion_tokens=14))])
+        snap = progress.snapshot()
+    finally:
+        progress.close()
+    # 2 rows running with 14 tokens each, the mean: each is taken to stop at (128 + 14) / 2
+    assert snap.eta == pytest.approx(2 * 57 / 2.0)
+    assert snap.fraction() < 1.0

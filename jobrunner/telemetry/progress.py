@@ -66,8 +66,10 @@ class Snapshot:
     def fraction(self) -> float:
         """Share of the job done: in time once there is an ETA, else prompt tokens while
         prefill leads, rows afterwards."""
-        if self.time_fraction is not None:
-            return self.time_fraction
+        if self.rows_done >= self.rows_total:
+            return 1.0
+        if self.time_fraction is not None:  # below 1 until the last row is done
+            return min(self.time_fraction, 0.99)
         if self.prefilling and not self.rows_done:
             return self.prompt_done / max(self.prompt_total or 1, 1)
         return self.rows_done / max(self.rows_total, 1)
@@ -80,9 +82,9 @@ class Snapshot:
         else:
             prompt = f"prompt {self.prompt_total:,} tok done"
         if self.prefilling or not self.prompt_total:
-            prompt += f" {self.prompt_rate:,.0f}/s"
+            prompt += f" {_rate(self.prompt_rate)}/s"
         rows = f"rows {self.rows_done:,}/{self.rows_total:,}"
-        gen = f"{self.generated:,} tok {self.generate_rate:,.0f}/s"
+        gen = f"{self.generated:,} tok {_rate(self.generate_rate)}/s"
         if self.eta is not None:
             eta = f"ETA {_clock(self.eta)}"
         elif self.prefill_eta is not None:
@@ -189,15 +191,23 @@ class Progress:
         return count / (moved - self.t0) if moved is not None and moved > self.t0 else 0.0
 
     def _generate_left(self, generated: int) -> int:
-        """Rows left times the expected completion, less what unfinished rows already have."""
-        if self.done:
-            mean = self.tokens / self.done
-        elif self.max_new_tokens:
-            mean = self.max_new_tokens
-        else:
+        """Tokens still to generate: rows not started times the expected completion (the mean
+        of finished rows, max_new_tokens before any), plus what running rows still need. A
+        running row that already has more than the mean is one of the long ones: it is taken
+        to stop halfway between where it is and max_new_tokens."""
+        rows_left = self.total - self.done
+        mean = self.tokens / self.done if self.done else self.max_new_tokens
+        if not mean or rows_left <= 0:
             return 0
         in_flight = max(generated - self.tokens, 0)
-        return max(round((self.total - self.done) * mean) - in_flight, 0)
+        steps = getattr(self.live, "step_log", None) or []
+        running = min(int(steps[-1].get("num_running") or 0), rows_left) if steps else 0
+        if not running:
+            return max(round(rows_left * mean) - in_flight, rows_left)
+        has = in_flight / running
+        cap = max(self.max_new_tokens or mean, has)
+        need = mean - has if has < mean else (cap - has) / 2
+        return max(round((rows_left - running) * mean + running * need), rows_left)
 
     def _decode_rate(self, generate_rate: float) -> float | None:
         """Generated tokens a second once no prompt is prefilled: measured on the engine's recent
@@ -275,3 +285,7 @@ class Progress:
 def _clock(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _rate(per_second: float) -> str:
+    return f"{per_second:,.1f}" if per_second < 10 else f"{per_second:,.0f}"
