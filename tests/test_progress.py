@@ -79,7 +79,7 @@ def test_eta_is_prompt_tokens_left_then_tokens_left_to_generate():
     assert snap.eta == pytest.approx(5.5)
     assert snap.fraction() == pytest.approx(2.0 / 7.5)
     assert snap.text() == (
-        "prompt 2,000/5,000 tok 1,000/s · rows 0/10 · 100 tok 50/s · ETA 0:00:06"
+        "prompt 2,000/5,000 tok 1,000/s · rows 0/10 · 100 tok 50/s · ETA 0:00:06 · 0:00:02 elapsed"
     )
 
 
@@ -103,7 +103,9 @@ def test_before_any_decode_only_step_the_line_says_when_prefill_ends():
     progress = Progress(10, 60, counters, prompts(4000, 10), clock=lambda: now[0])
     try:
         now[0], counters.prefill_tokens = 1.0, 1000  # 1,000 tok/s
-        assert progress.line().endswith("prefill ends in 0:00:03")
+        assert "prefill ends in 0:00:03 ·" in progress.line()
+        now[0] = 2.5  # no step has ended since: the time left counts down
+        assert "prefill ends in 0:00:02 ·" in progress.line()
     finally:
         progress.close()
 

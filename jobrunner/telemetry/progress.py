@@ -2,7 +2,7 @@
 
 Both say the same thing, and it moves from the first engine step:
 
-    prompt 12,345/58,659 tok 1,234/s · rows 3/240 · 8,765 tok 250/s · ETA 0:03:21
+    prompt 12,345/58,659 tok 1,234/s · rows 3/240 · 8,765 tok 250/s · ETA 0:03:21 · 0:01:10 elapsed
 
 - prompt tokens processed (computed or served from the prefix cache) out of the total to
   prefill: the prep stream's count, extrapolated over the rows it has not read yet;
@@ -58,6 +58,7 @@ class Snapshot:
     eta: float | None  # seconds; None before a cost per generated token is known
     prefill_eta: float | None  # seconds until every known prompt token is processed
     time_fraction: float | None = None  # time elapsed over time elapsed and left
+    elapsed: float = 0.0
 
     @property
     def prefilling(self) -> bool:
@@ -91,7 +92,7 @@ class Snapshot:
             eta = f"prefill ends in {_clock(self.prefill_eta)}"
         else:
             eta = "ETA -"
-        return f"{prompt} · {rows} · {gen} · {eta}"
+        return f"{prompt} · {rows} · {gen} · {eta} · {_clock(self.elapsed)} elapsed"
 
 
 class Progress:
@@ -160,8 +161,9 @@ class Progress:
         prefill_eta = None
         if self.prompt is None or (total is not None and not prompt_left):
             prefill_eta = 0.0  # done, or no prompt counter (e.g. a worker pool's aggregate)
-        elif total is not None and prompt_rate:
-            prefill_eta = prompt_left / prompt_rate
+        elif total is not None and prompt_rate:  # counts down between the engine's steps
+            since = now - (self._moved["prompt"][0] or now)
+            prefill_eta = max(prompt_left / prompt_rate - since, 0.0)
         decode_rate = self._decode_rate(generate_rate)
         eta = None
         if prefill_eta is not None and decode_rate:
@@ -179,6 +181,7 @@ class Progress:
             eta,
             prefill_eta,
             elapsed / (elapsed + eta) if eta is not None and elapsed + eta > 0 else None,
+            elapsed,
         )
 
     def _rate(self, phase: str, count: int, now: float) -> float:
@@ -237,13 +240,12 @@ class Progress:
 
     def _start_bar(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TextColumn
         from rich.progress import Progress as RichProgress
 
         self._bar = RichProgress(
             BarColumn(bar_width=30),
             TextColumn("{task.fields[text]}"),
-            TimeElapsedColumn(),
             console=Console(stderr=True),
             redirect_stdout=False,  # stdout carries the JSON summary, nothing else
             transient=False,
