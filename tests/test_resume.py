@@ -117,10 +117,10 @@ def test_changed_job_is_refused_with_78(tmp_path):
 def test_changed_job_is_refused_even_when_the_run_is_finished(tmp_path):
     ref_out, _ = reference("static")
     r = CliRunner().invoke(
-        app, ["run", str(ref_out.parent / "out.yaml"), "--set", "input.prompt.column=text"]
+        app, ["run", str(ref_out.parent / "out.yaml"), "--set", "input.system_prompt=Be brief."]
     )
     assert r.exit_code == 78, r.output
-    assert "prompt.prompt.column: 'prompt' -> 'text'" in r.output
+    assert "holds a different job; changed since it started:\n  prompt.system_prompt" in r.output
 
 
 def test_a_held_lock_names_its_holder(tmp_path):
