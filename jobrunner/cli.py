@@ -114,14 +114,16 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(e: BaseException) -> None:
-    if isinstance(e, errors.JobError):
-        typer.echo(f"error: {e}", err=True)
-        _print_summary(
-            {"status": "error", "exit_code": e.exit_code, "error": str(e).splitlines()[0]}
-        )
-        raise typer.Exit(e.exit_code)
+    """A JobError (or an OSError the environment caused) exits with its code and message;
+    anything else is a bug in jobrunner: exit 70 with the traceback on stderr."""
+    user = e if isinstance(e, errors.JobError) else errors.from_os_error(e)
+    if user is not None:
+        typer.echo(f"error: {user}", err=True)
+        _print_summary({"status": "error", "exit_code": user.exit_code, "error": str(user)})
+        raise typer.Exit(user.exit_code)
     log.exception("internal error")
-    _print_summary({"status": "error", "exit_code": errors.EXIT_INTERNAL, "error": repr(e)})
+    message = f"internal error: {type(e).__name__}: {e}"
+    _print_summary({"status": "error", "exit_code": errors.EXIT_INTERNAL, "error": message})
     raise typer.Exit(errors.EXIT_INTERNAL)
 
 
@@ -251,9 +253,10 @@ def report(
         from jobrunner.telemetry.report import write_reports
 
         rundir = RunDir(run_dir)
-        if rundir.load_manifest() is None:
-            raise errors.JobError(
-                f"{run_dir}: no manifest.json; is this a jobrunner run directory?"
+        if not run_dir.is_dir() or rundir.load_manifest() is None:
+            raise errors.RunDirError(
+                f"{run_dir} is not a jobrunner run directory (no {run_dir}/manifest.json):"
+                " give the output.path of a job that has run"
             )
         rep = write_reports(rundir)
     except Exception as e:

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from jobrunner.errors import ConfigError
 
@@ -89,11 +96,18 @@ class GenerationConfig(_Strict):
 
 
 class OutputConfig(_Strict):
-    path: str = "out/job"
+    path: str = "out/job"  # the run directory: empty, or one a run of this job made
     format: Literal["parquet", "jsonl", "openai-batch"] = "parquet"
     keep_input_columns: bool = True
     shard_rows: int = Field(1000, ge=1)  # commit a shard at least every N finished rows
     shard_seconds: float = Field(30.0, gt=0)  # ... or every T seconds
+
+    @field_validator("path")
+    @classmethod
+    def _path_given(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name the run directory (e.g. out/my-job), got an empty path")
+        return v
 
 
 class EngineConfig(_Strict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_DATA = 65
@@ -42,3 +44,58 @@ class RunLocked(JobError):
     """Another process is running this run directory."""
 
     exit_code = EXIT_CONFIG
+
+
+class RunDirError(ConfigError):
+    """The run directory cannot be used as it is (not a run's, damaged); says what to do."""
+
+
+class DiskFull(JobError):
+    """No space left where the run writes: committed rows are kept; free space and rerun."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_NO_WRITE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def from_os_error(e: BaseException) -> JobError | None:
+    """The user-facing error for an OSError the environment caused (a full disk, a path we may
+    not write), wherever it was raised; None for any other error (a bug: exit 70)."""
+    if not isinstance(e, OSError):
+        return None
+    code = e.errno or _errno_in_text(str(e))
+    where = e.filename or _path_in_text(str(e)) or "the run directory"
+    if code in _NO_SPACE:
+        return DiskFull(
+            f"no space left on the device writing {where}: free some space and run the same"
+            " command again (committed rows are kept)"
+        )
+    if code in _NO_WRITE:
+        why = "read-only file system" if code == errno.EROFS else "permission denied"
+        return ConfigError(
+            f"cannot write {where} ({why}): make it writable or choose another path"
+            " (output.path, or $JOBRUNNER_CACHE for the model cache)"
+        )
+    return None
+
+
+def _errno_in_text(text: str) -> int | None:
+    """pyarrow raises OSError without errno; its message reads `... [errno 28] ...`."""
+    import re
+
+    m = re.search(r"errno (\d+)", text, re.IGNORECASE)
+    if m:
+        return int(m[1])
+    for code, words in ((errno.ENOSPC, "No space left"), (errno.EROFS, "Read-only file system")):
+        if words in text:
+            return code
+    return None
+
+
+def _path_in_text(text: str) -> str | None:
+    import re
+
+    m = re.search(r"'(/[^']+)'", text)
+    return m[1] if m else None

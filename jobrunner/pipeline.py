@@ -59,9 +59,7 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # a changed job is refused (78), even when this one is done
-        summary = job_summary("nothing_to_do", rundir)
-        check_error_rate(cfg, summary)  # a rerun answers with the job's outcome (0 or 65)
-        return summary
+        return finish_run(cfg, rundir, None)  # the job's outcome again (0 or 65)
     with (
         _stop_before_rows() as stop,
         open_run(rundir, cfg, opts) as (manifest, skip_ids, total_rows),
@@ -179,11 +177,7 @@ def _generate_sampled(
             f"interrupted: {committer.rows_committed} rows committed to"
             f" {rundir.path}; run the same command again to continue"
         )
-    finalize_output(cfg, rundir, manifest)
-    rundir.mark_success(manifest)
-    summary = job_summary("done", rundir)
-    check_error_rate(cfg, summary)
-    return summary
+    return finish_run(cfg, rundir, manifest)
 
 
 def _run_engine(engine, stream, committer: Committer, progress: Progress) -> bool:
@@ -279,23 +273,54 @@ def _record_profile(cfg: JobConfig, device, engine, committer: Committer, run: d
         log.warning("could not save the device profile: %s", e)
 
 
-def job_summary(status: str, rundir: RunDir) -> JobSummary:
+def finish_run(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> JobSummary:
+    """Every row has its final state: record the outcome, write the reports, then `_SUCCESS`.
 
-    report = write_reports(rundir) if status != "nothing_to_do" else load_report(rundir.path)
+    Each step can be redone, so a rerun of a finished run (`manifest` None: nothing ran)
+    completes whatever a crash left undone (missing reports, a missing `_SUCCESS`) and answers
+    with the job's outcome. `_SUCCESS` is written last and only for exit 0; a job over
+    input.max_error_rate exits 65 and has none (DESIGN.md, "The run directory").
+    """
+    ran = manifest is not None
+    if ran:
+        finalize_output(cfg, rundir, manifest)
+    m = manifest or rundir.load_manifest() or Manifest()
+    failure = _error_rate_error(cfg, m.counts, rundir.path)
+    code = failure.exit_code if failure else 0
+    if m.finished_at is None or m.outcome.get("exit_code") != code:
+        rundir.mark_finished(m, code, str(failure) if failure else "")
+    report = write_reports(rundir) if ran else _load_or_rebuild_report(rundir)
+    if failure is None and not rundir.success_path.is_file():
+        rundir.mark_success()
+    elif failure is not None and rundir.success_path.is_file():
+        rundir.success_path.unlink()  # a lowered max_error_rate: the job no longer passes
+    if failure:
+        raise failure
     rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}
-    if status == "nothing_to_do":  # this invocation redid none: every committed row was skipped
+    status = "done" if ran else "nothing_to_do"
+    if not ran:  # this invocation redid none: every committed row was skipped
         rows["skipped"] = report["rows"]["total"]
     return JobSummary(status, str(rundir.path), rows, report["cost"]["cost_usd"], report)
 
 
-def check_error_rate(cfg: JobConfig, summary: JobSummary) -> None:
-    total = summary.rows["succeeded"] + summary.rows["failed"]
-    rate = summary.rows["failed"] / total if total else 0.0
-    if rate > cfg.input.max_error_rate:
-        raise InputDataError(
-            f"{summary.rows['failed']} of {total} rows failed ({rate:.1%}, over"
-            f" input.max_error_rate {cfg.input.max_error_rate:.1%}); see {summary.output}/errors.jsonl"
-        )
+def _load_or_rebuild_report(rundir: RunDir) -> dict[str, Any]:
+    try:
+        return load_report(rundir.path)
+    except (OSError, ValueError):
+        log.info("%s: report.json missing or unreadable; rebuilding the reports", rundir.path)
+        return write_reports(rundir)
+
+
+def _error_rate_error(cfg: JobConfig, counts: dict[str, int], where) -> InputDataError | None:
+    ok, failed = counts.get("succeeded", 0), counts.get("failed", 0)
+    total = ok + failed
+    rate = failed / total if total else 0.0
+    if rate <= cfg.input.max_error_rate:
+        return None
+    return InputDataError(
+        f"{failed} of {total} rows failed ({rate:.1%}, over input.max_error_rate"
+        f" {cfg.input.max_error_rate:.1%}); see {where}/errors.jsonl"
+    )
 
 
 def finalize_output(cfg: JobConfig, rundir: RunDir, manifest: Manifest) -> None:

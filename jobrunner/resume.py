@@ -16,85 +16,156 @@ import os
 import shutil
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from jobrunner.config import JobConfig, fingerprint
 from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
 from jobrunner.formats import input_files, make_preparer, read_rows
-from jobrunner.io.readers import RawRow
-from jobrunner.io.rundir import Manifest, RunDir
+from jobrunner.io.identity import (
+    ROWS_FILE,
+    FileChanges,
+    RowDigests,
+    compare_files,
+    content_key,
+    file_records,
+    input_root,
+    is_legacy,
+    legacy_changes,
+    relative_name,
+    row_digest,
+)
+from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.rundir import OWN_FILES, Manifest, RunDir, check_ours, make_run_dir
 
 MAX_DUPLICATES_LISTED = 10
 log = logging.getLogger(__name__)
 
 
-def job_parts(cfg: JobConfig) -> dict:
-    """The settings that make two runs the same job (hashed into the fingerprint)."""
+def job_parts(cfg: JobConfig, previous_input: list | None = None) -> dict:
+    """The settings that make two runs the same job, and the input's files by content.
+
+    `previous_input` (the manifest's records) lets unchanged files (size and mtime) skip hashing.
+    """
     parts = cfg.fingerprint_parts()
+    prev = None if is_legacy(previous_input) else previous_input
     files = input_files(cfg.input.path)
-    parts["input"] = [[os.path.relpath(f), os.path.getsize(f)] for f in files]
+    parts["input"] = file_records(files, input_root(cfg.input.path), prev)
     return json.loads(json.dumps(parts, default=str))
 
 
-def job_fingerprint(cfg: JobConfig) -> dict:
-    return {k: fingerprint(v) for k, v in job_parts(cfg).items()}
+def job_fingerprint(parts: dict) -> dict:
+    """One short hash per part; the input's by names and contents (not sizes or times)."""
+    return {k: fingerprint(content_key(v) if k == "input" else v) for k, v in parts.items()}
 
 
 @contextlib.contextmanager
 def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, set[str], int]]:
     """Yields (manifest, ids already terminal, input rows). Holds the run lock meanwhile."""
-    rundir.path.mkdir(parents=True, exist_ok=True)
+    make_run_dir(rundir.path)
+    check_ours(rundir)  # before the lock file: a directory that is not ours gets nothing
     with _lock(rundir):
+        check_ours(rundir)
         if opts.restart:
             _clear(rundir)
-        total, duplicates = scan_ids(cfg)
-        if duplicates:
-            raise InputDataError(describe_duplicates(duplicates))
         manifest = rundir.prepare()
-        _check_fingerprint(rundir, manifest, job_parts(cfg))
+        parts = job_parts(cfg, manifest.job.get("input"))
+        _check_settings(rundir, manifest, parts)
+        old_rows = RowDigests.load(rundir.path / ROWS_FILE) if manifest.fingerprint else None
+        changes = _input_changes(manifest, parts)
+        names = [r["path"] for r in parts["input"]]
+        need = set(names) if old_rows is None else changes.paths & set(names)
+        scan = scan_input(cfg, need)
+        if scan.duplicates:
+            raise InputDataError(describe_duplicates(scan.duplicates))
+        if changes:
+            _accept_changes(rundir, changes, old_rows, scan.rows, opts.retry_errors)
         if opts.retry_errors:
             log.info(
                 "--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest)
             )
+        committed = rundir.committed_ids()
+        _check_no_strays(rundir, committed, scan)
+        if need or changes:
+            rows = old_rows or RowDigests()
+            rows.replace(scan.rows, need | changes.paths)
+            rows.save(rundir.path / ROWS_FILE)  # before the manifest that names its input
+        manifest.fingerprint, manifest.job = job_fingerprint(parts), parts
         rundir.save_manifest(manifest)
-        yield manifest, rundir.committed_ids(), total
+        yield manifest, committed, scan.total
 
 
 def check_same_job(rundir: RunDir, cfg: JobConfig) -> None:
     """A finished run directory answers only its own job: raise ResumeMismatch otherwise."""
     manifest = rundir.load_manifest()
-    if manifest is not None and manifest.fingerprint:
-        _check_fingerprint(rundir, manifest, job_parts(cfg))
+    if manifest is None or not manifest.fingerprint:
+        return
+    parts = job_parts(cfg, manifest.job.get("input"))
+    _check_settings(rundir, manifest, parts)
+    changes = _input_changes(manifest, parts)
+    if changes:
+        old_rows = RowDigests.load(rundir.path / ROWS_FILE)
+        scan = scan_input(cfg, changes.paths, count=False)
+        _accept_changes(rundir, changes, old_rows, scan.rows, retry_errors=False)
 
 
-def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
-    """Count rows and find duplicate ids with where each occurs, reading ids only.
+@dataclass
+class Scan:
+    total: int = 0
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+    id_hashes: set[int] = field(default_factory=set)
+    rows: RowDigests = field(default_factory=RowDigests)  # for the files asked for
+
+
+def scan_input(cfg: JobConfig, digest_files: set[str], count: bool = True) -> Scan:
+    """One pass over the input: rows, duplicate ids, and row digests of `digest_files`.
 
     Holds one 8-byte hash per id; only ids whose hashes meet are read again, with their places.
     """
-    seen: set[int] = set()
-    suspects: set[int] = set()
-    total = 0
-    for row_id, _ in _iter_ids(cfg):
-        total += 1
-        h = _id_hash(row_id) if row_id is not None else None
-        if h is not None:
-            (suspects if h in seen else seen).add(h)
-    if not suspects:
-        return total, {}
-    seen.clear()
-    places: dict[str, list[str]] = {}
-    for row_id, item in _iter_ids(cfg):
-        if row_id is not None and _id_hash(row_id) in suspects:
-            places.setdefault(row_id, []).append(str(item.source))
-    return total, {k: v for k, v in places.items() if len(v) > 1}
+    scan, suspects = Scan(), set()
+    root, names = input_root(cfg.input.path), {}
+    for row_id, item in _iter_ids(cfg, None if count else digest_files, root):
+        scan.total += 1
+        if row_id is not None:
+            h = _id_hash(row_id)
+            (suspects if h in scan.id_hashes else scan.id_hashes).add(h)
+        elif getattr(item, "id", None) is not None:  # a row error that names its row
+            scan.id_hashes.add(_id_hash(item.id))
+        file = item.source.file if item.source else None
+        if file is None:
+            continue
+        name = names.get(file) or names.setdefault(file, relative_name(file, root))
+        if name in digest_files:
+            values = item.values if isinstance(item, RawRow) else {"error": item.message}
+            scan.rows.add(name, row_id, row_digest(values))
+    if suspects:
+        places: dict[str, list[str]] = {}
+        for row_id, item in _iter_ids(cfg, None, root):
+            if row_id is not None and _id_hash(row_id) in suspects:
+                places.setdefault(row_id, []).append(str(item.source))
+        scan.duplicates = {k: v for k, v in places.items() if len(v) > 1}
+    return scan
 
 
-def _iter_ids(cfg: JobConfig) -> Iterator[tuple[str | None, object]]:
-    """(id, item) for every input item; None where the row has no valid id."""
+def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
+    """Count rows and find duplicate ids with where each occurs, reading ids only."""
+    scan = scan_input(cfg, set())
+    return scan.total, scan.duplicates
+
+
+def _iter_ids(cfg: JobConfig, only: set[str] | None, root) -> Iterator[tuple[str | None, Item]]:
+    """(id, item) for every input item (of the files named in `only`, when given); None where
+    the row has no valid id."""
     preparer = make_preparer(cfg, tokenizer=None)
-    for item in read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows):
-        row_id = preparer.row_id(item) if isinstance(item, RawRow) else None
-        yield (row_id if isinstance(row_id, str) else None), item
+    paths = [cfg.input.path]
+    if only is not None:
+        paths = [f for f in input_files(cfg.input.path) if relative_name(f, root) in only]
+    for path in paths:
+        for item in read_rows(path, cfg.input.format, cfg.input.batch_rows):
+            row_id = preparer.row_id(item) if isinstance(item, RawRow) else item
+            if isinstance(row_id, str):
+                yield row_id, item
+            else:  # the row's error (bad id, unreadable row): it may still name the row
+                yield None, row_id
 
 
 def _id_hash(row_id: str) -> int:
@@ -111,11 +182,11 @@ def describe_duplicates(duplicates: dict[str, list[str]]) -> str:
     )
 
 
-def _check_fingerprint(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
-    fp = {k: fingerprint(v) for k, v in parts.items()}
+def _check_settings(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
+    """Every fingerprinted setting but the input (compared by content, `_input_changes`)."""
     if not manifest.fingerprint:
-        manifest.fingerprint, manifest.job = fp, parts
         return
+    fp = job_fingerprint({k: v for k, v in parts.items() if k != "input"})
     changed = [k for k in fp if manifest.fingerprint.get(k) != fp[k]]
     if changed:
         lines = [d for k in changed for d in _diff(k, manifest.job.get(k), parts[k])]
@@ -125,6 +196,80 @@ def _check_fingerprint(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
             + "\nrun the earlier job file again to continue it, use a new output.path,"
             " or --restart to discard the earlier results"
         )
+
+
+def _input_changes(manifest: Manifest, parts: dict) -> FileChanges:
+    old = manifest.job.get("input") if manifest.fingerprint else None
+    if old is None:
+        return FileChanges()
+    if is_legacy(old):
+        return legacy_changes(old, parts["input"])
+    return compare_files(old, parts["input"])
+
+
+def _accept_changes(
+    rundir: RunDir,
+    changes: FileChanges,
+    old_rows: RowDigests | None,
+    new_rows: RowDigests,
+    retry_errors: bool,
+) -> None:
+    """Changed input is refused (78), naming each file and row, unless --retry-errors asks and
+    no row that succeeded changed or left the input: failed rows run again on the new input."""
+    detail = _row_changes(changes, old_rows, new_rows)
+    if retry_errors and detail is not None:
+        changed, removed, _ = detail
+        kept = (changed | removed) & rundir.succeeded_ids()
+        if not kept:
+            log.info("--retry-errors: the input changed only in rows that failed")
+            return
+        why = f"{len(kept)} rows that succeeded changed or left the input ({_few(kept)})"
+    elif retry_errors:
+        why = f"no {ROWS_FILE} to tell which rows changed"
+    else:
+        why = None
+    lines = changes.lines()
+    if detail is not None:
+        changed, removed, added = detail
+        for label, ids in (("changed", changed), ("gone", removed), ("new", added)):
+            if ids:
+                lines.append(f"rows {label}: {len(ids)} ({_few(ids)})")
+    raise ResumeMismatch(
+        f"{rundir.path} was started on a different input; changed since:\n"
+        + "\n".join(f"  {d}" for d in lines[: 2 * MAX_DUPLICATES_LISTED])
+        + (f"\n--retry-errors cannot take it: {why}" if why else "")
+        + "\nrun with the earlier input to continue, --retry-errors if only failed rows"
+        " changed, a new output.path, or --restart to discard the earlier results"
+    )
+
+
+def _row_changes(
+    changes: FileChanges, old_rows: RowDigests | None, new_rows: RowDigests
+) -> tuple[set[str], set[str], set[str]] | None:
+    """(changed, removed, added) ids within the changed files; None without the old digests."""
+    if old_rows is None:
+        return None
+    old, new = old_rows.ids(changes.paths), new_rows.ids(changes.paths)
+    changed = {i for i in old.keys() & new.keys() if old[i] != new[i]}
+    return changed, old.keys() - new.keys(), new.keys() - old.keys()
+
+
+def _check_no_strays(rundir: RunDir, committed: set[str], scan: Scan) -> None:
+    """Committed rows whose id the input no longer has are never kept silently."""
+    strays = {i for i in committed if _id_hash(i) not in scan.id_hashes}
+    if strays:
+        raise ResumeMismatch(
+            f"{rundir.path} holds {len(strays)} committed rows whose ids are not in the input"
+            f" ({_few(strays)}): the input or how ids are derived changed since the run"
+            " started; run with the earlier input, use a new output.path, or --restart"
+        )
+
+
+def _few(ids: set[str], n: int = 5) -> str:
+    shown = sorted(ids)[:n]
+    return ", ".join(repr(i) for i in shown) + (
+        f", ... {len(ids) - n} more" if len(ids) > n else ""
+    )
 
 
 def _diff(key: str, old, new) -> list[str]:
@@ -138,22 +283,12 @@ def _diff(key: str, old, new) -> list[str]:
         ]
     if old is None:
         return [key]
-    if key == "input":
-        return [f"input: the input files or their sizes ({len(old)} files before, {len(new)} now)"]
     return [f"{key}: {old!r} -> {new!r}"]
 
 
 def _clear(rundir: RunDir) -> None:
-    for name in (
-        "results",
-        "errors.jsonl",
-        "manifest.json",
-        "_SUCCESS",
-        "report.json",
-        "report.md",
-        "output.jsonl",
-        "batch.json",
-    ):
+    """--restart: remove what runs write (check_ours made sure the directory is a run's)."""
+    for name in OWN_FILES:
         p = rundir.path / name
         if p.is_dir():
             shutil.rmtree(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -164,21 +165,43 @@ def _dequantize_gguf(src: ModelSource, target: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("dequantizing %s once into %s (later runs load the cache)", src.gguf_path, target)
-    model = AutoModelForCausalLM.from_pretrained(
-        src.path, gguf_file=src.gguf_file, dtype=torch.float32
-    )
-    tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    # Written by hand: transformers refuses to serialize a model it loaded through GGUF.
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    _save_weights(model, tmp / "model.safetensors")
-    tok.save_pretrained(tmp)
-    if not target.exists():
-        tmp.rename(target)
+    _remove_stale_temps(target)
+    tmp.mkdir(parents=True, exist_ok=True)  # the cache is writable before the expensive part
+    log.info("dequantizing %s once into %s (later runs load the cache)", src.gguf_path, target)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src.path, gguf_file=src.gguf_file, dtype=torch.float32
+        )
+        tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+        # Written by hand: transformers refuses to serialize a model it loaded through GGUF.
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        _save_weights(model, tmp / "model.safetensors")
+        tok.save_pretrained(tmp)
+        if not target.exists():
+            tmp.rename(target)
+    finally:  # an error or a signal leaves no half-written copy in the cache
+        shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def _remove_stale_temps(target: Path) -> None:
+    """Temporary copies of processes that are gone (killed with -9 mid-write)."""
+    for old in target.parent.glob(f"{target.name}.tmp*"):
+        pid = old.name.rpartition(".tmp")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

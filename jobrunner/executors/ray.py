@@ -37,13 +37,7 @@ from jobrunner.executors.ray_blocks import (
 )
 from jobrunner.formats import output_format
 from jobrunner.io.rundir import Manifest, RunDir
-from jobrunner.pipeline import (
-    JobSummary,
-    RunOptions,
-    check_error_rate,
-    finalize_output,
-    job_summary,
-)
+from jobrunner.pipeline import JobSummary, RunOptions, finish_run
 from jobrunner.resume import check_same_job, open_run
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import cpu_count, detect_device
@@ -59,9 +53,7 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # as the local executor: a changed job is refused (78)
-        summary = job_summary("nothing_to_do", rundir)
-        check_error_rate(cfg, summary)
-        return summary
+        return finish_run(cfg, rundir, None)
     with raise_on_signal(_interrupted) as stop, open_run(rundir, cfg, opts) as (manifest, _, _n):
         return _run(cfg, rundir, manifest, opts, stop)
 
@@ -95,11 +87,7 @@ def _run(
             f"interrupted: the committed blocks are kept in {rundir.path}; run the"
             " same command again to continue"
         )
-    finalize_output(cfg, rundir, manifest)
-    rundir.mark_success(manifest)
-    summary = job_summary("done", rundir)
-    check_error_rate(cfg, summary)
-    return summary
+    return finish_run(cfg, rundir, manifest)
 
 
 # ------------------------------------------------------------------ the cluster

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.errors import InputDataError
+from jobrunner.io.identity import input_root, outside_run_dirs
 from jobrunner.types import RowError, RowRef
 
 
@@ -39,6 +40,7 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
         files = sorted(
             f for f in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(f)
         )
+    files = outside_run_dirs(files, input_root(path))
     if not files:
         raise InputDataError(f"input.path: no input files found at {path!r}")
     return files

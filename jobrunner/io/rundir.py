@@ -26,11 +26,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobrunner.errors import RunDirError
 from jobrunner.formats import FORMATS
 from jobrunner.io.writers import fsync_dir, fsync_file, write_atomic, write_text_atomic
 from jobrunner.types import RowError
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the input is named by content (io/identity.py)
+# What runs write into a run directory; --restart removes these and nothing else.
+OWN_FILES = (
+    "results",
+    "errors.jsonl",
+    "manifest.json",
+    "input_rows.parquet",
+    "_SUCCESS",
+    "report.json",
+    "report.md",
+    "report.html",
+    "metrics.prom",
+    "telemetry",
+    "ray-errors",
+    "output.jsonl",
+    "batch.json",
+)
+# Present in a directory before its first manifest: a run that stopped before writing one.
+BEFORE_MANIFEST = {".lock", "results", "input_rows.parquet", "estimate.json"}
+SHARD_NAME = re.compile(r"part-[A-Za-z0-9-]+\.(parquet|jsonl)")
+TEMP_NAME = re.compile(r"\..+\.tmp\d*")
 # Tests only: `JOBRUNNER_FAULT_KILL=after_errors:2` SIGKILLs this process at that point of the
 # 2nd commit (points: after_errors, after_shard, after_manifest).
 FAULT_ENV = "JOBRUNNER_FAULT_KILL"
@@ -47,6 +68,9 @@ class Manifest:
     runs: list[dict[str, Any]] = field(default_factory=list)  # one record per invocation
     version: int = MANIFEST_VERSION
     job: dict[str, Any] = field(default_factory=dict)  # the fingerprinted settings, to diff
+    outcome: dict[str, Any] = field(default_factory=dict)  # at the end: exit_code, message
+    retired_cost_usd: float = 0.0  # paid for failed attempts that --retry-errors ran again
+    retiring_cost_usd: float = 0.0  # ... being retired (a --retry-errors in progress)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -74,7 +98,14 @@ class RunDir:
 
     @property
     def finished(self) -> bool:
-        return self.success_path.is_file()
+        """_SUCCESS (exit 0), or an outcome of exit 65 recorded (over input.max_error_rate).
+
+        A run stopped between recording an exit-0 outcome and _SUCCESS is not finished: its
+        rerun goes through the pipeline, finds nothing left to generate and finishes it."""
+        if self.success_path.is_file():
+            return True
+        m = self.load_manifest()
+        return m is not None and m.finished_at is not None and m.outcome.get("exit_code", 0) != 0
 
     @property
     def has_errors(self) -> bool:
@@ -83,8 +114,18 @@ class RunDir:
     def load_manifest(self) -> Manifest | None:
         if not self.manifest_path.is_file():
             return None
-        data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        return Manifest(**{k: v for k, v in data.items() if k in Manifest.__dataclass_fields__})
+        try:
+            data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+            keep = {k: v for k, v in data.items() if k in Manifest.__dataclass_fields__}
+            return Manifest(**keep)
+        except (ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+            raise RunDirError(
+                f"{self.manifest_path} is damaged ({e}): it records which job this directory"
+                " holds. Restore it from a backup, or --restart (or a new output.path) to"
+                " start the job over"
+            ) from e
 
     def save_manifest(self, m: Manifest) -> None:
         write_text_atomic(self.manifest_path, json.dumps(m.to_json(), indent=1, sort_keys=True))
@@ -95,10 +136,12 @@ class RunDir:
         m = self.load_manifest() or Manifest(started_at=time.time())
         for stale in [*self.results.glob(".*.tmp*"), *self.path.glob(".*.tmp*")]:
             stale.unlink(missing_ok=True)
+        self._check_results()
         listed = {s["name"] for s in m.shards}
         adopt = any(p.name not in listed for p in self.shard_files())
         self._cut_errors(None if adopt else m.errors_bytes)
-        self.recount(m)
+        self.recount(m)  # reads every shard: a damaged one is named here
+        self._settle_retired(m)
         if adopt:  # saved at once: the error lines of a later commit that crashes before its
             self.save_manifest(m)  # shard are then cut by the next recovery, not adopted too
         return m
@@ -107,7 +150,7 @@ class RunDir:
         """Shard list, row counts and errors_bytes from the files themselves."""
         m.shards, succeeded = [], 0
         for f in self.shard_files():
-            reasons = read_column(f, "finish_reason")
+            reasons = self._read_checked(f, "finish_reason")
             m.shards.append({"name": f.name, "rows": len(reasons)})
             succeeded += sum(r != "error" for r in reasons)
         self._error_places = {_place(e) for e in self.iter_errors() if e.get("id") is None}
@@ -127,16 +170,44 @@ class RunDir:
                 f.truncate(keep)
                 os.fsync(f.fileno())
 
+    def _check_results(self) -> None:
+        """results/ holds the job's shards only: anything else is named, never read as rows."""
+        for p in sorted(self.results.iterdir()):
+            if not (SHARD_NAME.fullmatch(p.name) and p.is_file()):
+                raise RunDirError(
+                    f"{p} is not a shard of this run (results/ holds only part-*.parquet or"
+                    " part-*.jsonl files that jobrunner wrote): move it out of results/ and run"
+                    " again"
+                )
+
+    def _read_checked(self, shard: Path, column: str) -> list[Any]:
+        try:
+            return read_column(shard, column)
+        except Exception as e:  # pyarrow and json raise several types for a damaged file
+            raise RunDirError(
+                f"{shard} does not read ({type(e).__name__}: {e}): it was damaged after it was"
+                " committed. Move it out of results/ and run again (its rows are generated"
+                " again), or --restart"
+            ) from e
+
     def shard_files(self) -> list[Path]:
         return (
-            sorted(p for p in self.results.iterdir() if p.name.startswith("part-"))
+            sorted(p for p in self.results.iterdir() if SHARD_NAME.fullmatch(p.name))
             if self.results.is_dir()
             else []
         )
 
+    def succeeded_ids(self) -> set[str]:
+        """Ids of committed rows that did not fail."""
+        out: set[str] = set()
+        for f in self.shard_files():
+            ids, reasons = read_column(f, "id"), read_column(f, "finish_reason")
+            out.update(i for i, r in zip(ids, reasons, strict=True) if r != "error")
+        return out
+
     def committed_ids(self) -> set[str]:
         """Every id with a terminal state: in a visible shard or in committed errors."""
-        ids = {r for f in self.shard_files() for r in read_column(f, "id")}
+        ids = {r for f in self.shard_files() for r in self._read_checked(f, "id")}
         ids.update(str(e["id"]) for e in self.iter_errors() if e.get("id") is not None)
         return ids
 
@@ -197,19 +268,42 @@ class RunDir:
         errors.jsonl goes: a crash in between leaves those rows failed, never in two states.
         """
         self.success_path.unlink(missing_ok=True)
+        m.finished_at, m.outcome = None, {}
+        self.save_manifest(m)  # no longer finished, before anything else changes
         failed = sum(1 for _ in self.iter_errors())
+        # The failed attempts stay paid: their cost is recorded before their rows go, and
+        # settled (by what is actually gone) here or, after a crash, by the next prepare.
+        m.retiring_cost_usd = self._failed_cost()
+        self.save_manifest(m)
         for f in self.shard_files():
             _drop_failed_rows(f)
         self.errors_path.unlink(missing_ok=True)
         fsync_dir(self.path)
         self._error_places = set()
+        self._settle_retired(m)
         self.recount(m)
         self.save_manifest(m)
         return failed
 
-    def mark_success(self, m: Manifest) -> None:
+    def _failed_cost(self) -> float:
+        return sum(_failed_rows_cost(f) for f in self.shard_files())
+
+    def _settle_retired(self, m: Manifest) -> None:
+        if m.retiring_cost_usd:
+            m.retired_cost_usd += max(0.0, m.retiring_cost_usd - self._failed_cost())
+            m.retiring_cost_usd = 0.0
+
+    def mark_finished(self, m: Manifest, exit_code: int, message: str = "") -> None:
+        """Every row has its final state: record the outcome (reports are written next)."""
         m.finished_at = time.time()
+        m.outcome = {"exit_code": exit_code, "message": message}
         self.save_manifest(m)
+
+    def mark_success(self, m: Manifest | None = None) -> None:
+        """_SUCCESS, written last and only for exit 0: its presence means the results and
+        reports are complete and within input.max_error_rate (orchestrators' file sensors)."""
+        if m is not None and m.finished_at is None:
+            self.mark_finished(m, 0)
         write_text_atomic(self.success_path, "")
         fsync_file(self.success_path)
 
@@ -245,6 +339,60 @@ def read_column(path: Path, name: str) -> list[Any]:
 
 def read_ids(path: Path) -> list[str]:
     return read_column(path, "id")
+
+
+def _failed_rows_cost(path: Path) -> float:
+    reasons = read_column(path, "finish_reason")
+    if "error" not in reasons:
+        return 0.0
+    costs = read_column(path, "cost_usd")
+    return sum(c or 0.0 for c, r in zip(costs, reasons, strict=True) if r == "error")
+
+
+def check_ours(rundir: RunDir) -> None:
+    """A directory is a run's when it holds a manifest, or nothing a run would not write before
+    its first one; anything else is the user's and is refused, never truncated or deleted."""
+    if rundir.manifest_path.exists():
+        return
+    foreign = [
+        p.name
+        for p in sorted(rundir.path.iterdir())
+        if not (
+            (p.name in BEFORE_MANIFEST and not (p.is_dir() and any(p.iterdir())))
+            or TEMP_NAME.fullmatch(p.name)
+        )
+    ]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f", ... {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        raise RunDirError(
+            f"output.path {rundir.path} is not empty and holds no jobrunner run (no manifest.json;"
+            f" found {shown}): a run writes only into an empty directory or its own run"
+            " directory. Choose a new output.path, or empty this one"
+        )
+
+
+def make_run_dir(path: Path) -> None:
+    """Create output.path, or say why it cannot be the run directory (78 with the fix)."""
+    if not str(path).strip():
+        raise RunDirError("output.path is empty: name the run directory (e.g. out/my-job)")
+    if path.exists() and not path.is_dir():
+        raise RunDirError(
+            f"output.path {path} is a file, not a directory: choose another output.path"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        above = next((p for p in path.parents if p.exists() and not p.is_dir()), e.filename)
+        raise RunDirError(
+            f"output.path {path}: {above} is a file, so the directory cannot be made;"
+            " choose another output.path"
+        ) from e
+    except OSError as e:
+        from jobrunner.errors import from_os_error
+
+        raise (from_os_error(e) or e) from e
 
 
 def _drop_failed_rows(path: Path) -> None:

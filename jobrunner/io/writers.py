@@ -43,12 +43,16 @@ def write_atomic(
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """`path` appears complete or not at all; no temporary file survives an error."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 

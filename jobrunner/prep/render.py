@@ -11,6 +11,7 @@ import string
 from typing import Any
 
 from jobrunner.config import InputConfig
+from jobrunner.errors import ConfigError
 
 
 class RenderError(ValueError):
@@ -37,7 +38,10 @@ class PromptRenderer:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.use_chat = bool(cfg.use_chat_template and getattr(tokenizer, "chat_template", None))
-        self.fields = template_fields(cfg.prompt.template) if cfg.prompt.template else []
+        try:
+            self.fields = template_fields(cfg.prompt.template) if cfg.prompt.template else []
+        except RenderError as e:  # the job's template, not a row: a configuration error
+            raise ConfigError(f"input.prompt.template: {e}") from e
 
     @property
     def adds_special_tokens(self) -> bool:

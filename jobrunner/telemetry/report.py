@@ -109,7 +109,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
             "unit_hours": f"{_unit(last.get('device_kind'))}s",
             "gpu_hours": device_hours if last.get("device_kind") == "cuda" else 0.0,
         },
-        "cost": _cost(t, runs, tokens),
+        "cost": _cost(t, runs, tokens, m.retired_cost_usd if m else 0.0),
         "api_equivalent": api_equivalent(
             t["prompt_tokens"], t["completion_tokens"], t["cost_usd"], api_prices_of_run(last)
         ),
@@ -128,14 +128,18 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
     return report
 
 
-def _cost(t: dict[str, Any], runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+def _cost(
+    t: dict[str, Any], runs: list[dict[str, Any]], tokens: int, retired: float = 0.0
+) -> dict[str, Any]:
+    """The committed rows' cost, plus failed attempts that --retry-errors ran again (paid)."""
     last = runs[-1] if runs else {}
     energy = [r["energy_kwh"] for r in runs if r.get("energy_kwh") is not None]
     cache = sum(r.get("cache_saved_usd", 0.0) for r in runs)
     dedup = sum(r.get("dedup_saved_usd", 0.0) for r in runs)
-    usd = t["cost_usd"]
+    usd = t["cost_usd"] + retired
     return {
         "cost_usd": usd,
+        "retried_attempts_usd": retired,
         "usd_per_hour": last.get("usd_per_hour"),
         "price_source": last.get("price_source"),
         "price_unit": last.get("price_unit") or _unit(last.get("device_kind")),

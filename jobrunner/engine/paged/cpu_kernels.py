@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from jobrunner.engine.paged.cache_dtype import to_cache_dtype
-from jobrunner.engine.resolve import cache_dir
+from jobrunner.engine.resolve import writable_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _build() -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     code = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(code + version.stdout.encode() + _cpu_flags()).hexdigest()
-    target = cache_dir() / "kernels" / f"jobrunner-cpu-{key[:16]}.so"
+    target = writable_cache_dir() / "kernels" / f"jobrunner-cpu-{key[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

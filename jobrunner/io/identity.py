@@ -1,0 +1,237 @@
+"""The input's identity is its content: each file by its place under the input root and a hash.
+
+A file is named by its path relative to the input root (the directory `input.path` names, or
+the folder of a single file, or a glob's fixed leading folders), so the same job resumes from
+any working directory and after the input folder moves. Its content is a BLAKE2b hash of its
+bytes, streamed in 4 MiB chunks; size and mtime are a pre-check only: when both match the
+record, the recorded hash is trusted and the file is not read again.
+
+Each row of the input also has a digest (`RowDigests`, kept in the run directory as
+`input_rows.parquet`), so a changed file can be explained row by row: which ids changed,
+disappeared or appeared.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 22
+ROWS_FILE = "input_rows.parquet"
+
+
+def input_root(path: str) -> Path:
+    """The folder input file names are relative to."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p.resolve().parent
+    if p.is_dir():
+        return p.resolve()
+    fixed = []
+    for part in Path(os.path.expanduser(path)).parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return Path(*fixed).resolve() if fixed else Path.cwd()
+
+
+def relative_name(file: str, root: Path) -> str:
+    """`file` relative to `root` (POSIX separators); absolute when it lies outside."""
+    full = Path(file).resolve()
+    try:
+        return full.relative_to(root).as_posix()
+    except ValueError:
+        return full.as_posix()
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_records(files: list[str], root: Path, previous: list[dict] | None) -> list[dict]:
+    """{path, size, mtime_ns, blake2b} per file; a file whose size and mtime match `previous`
+    keeps its recorded hash unread."""
+    known = {r["path"]: r for r in previous or [] if isinstance(r, dict)}
+    out = []
+    for f in files:
+        st = os.stat(f)
+        rec = {"path": relative_name(f, root), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        old = known.get(rec["path"])
+        same_stat = (
+            old and old.get("size") == rec["size"] and old.get("mtime_ns") == rec["mtime_ns"]
+        )
+        rec["blake2b"] = old["blake2b"] if same_stat and old.get("blake2b") else file_digest(f)
+        out.append(rec)
+    return out
+
+
+def content_key(records: list[dict]) -> list[list[str]]:
+    """What the fingerprint hashes: names and contents, not sizes or times."""
+    return [[r["path"], r["blake2b"]] for r in records]
+
+
+def is_legacy(records: Any) -> bool:
+    """Manifests before content identity held [path relative to the cwd, size] pairs."""
+    return isinstance(records, list) and any(isinstance(r, list) for r in records)
+
+
+@dataclass
+class FileChanges:
+    """How the input differs from the one a run directory started with, file by file."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[tuple[str, int, int]] = field(default_factory=list)  # path, old, new size
+
+    @property
+    def paths(self) -> set[str]:
+        return {*self.added, *self.removed, *(c[0] for c in self.changed)}
+
+    def __bool__(self) -> bool:
+        return bool(self.paths)
+
+    def lines(self) -> list[str]:
+        out = [f"{p}: a new input file" for p in self.added]
+        out += [f"{p}: no longer in the input" for p in self.removed]
+        for p, old, new in self.changed:
+            how = f"size {old} -> {new} bytes" if old != new else f"same size ({new} bytes)"
+            out.append(f"{p}: content changed ({how})")
+        return out
+
+
+def compare_files(old: list[dict], new: list[dict]) -> FileChanges:
+    before = {r["path"]: r for r in old}
+    now = {r["path"]: r for r in new}
+    ch = FileChanges()
+    ch.added = [p for p in now if p not in before]
+    ch.removed = [p for p in before if p not in now]
+    ch.changed = [
+        (p, before[p]["size"], now[p]["size"])
+        for p in now
+        if p in before and before[p]["blake2b"] != now[p]["blake2b"]
+    ]
+    return ch
+
+
+def legacy_changes(old: list, new: list[dict]) -> FileChanges:
+    """Old records name files relative to some working directory: compare sizes in order."""
+    sizes = [r[1] for r in old if isinstance(r, list) and len(r) == 2]
+    if sizes == [r["size"] for r in new]:
+        return FileChanges()
+    ch = FileChanges()
+    ch.changed = [(r["path"], s, r["size"]) for r, s in zip(new, sizes, strict=False)]
+    ch.added = [r["path"] for r in new[len(sizes) :]]
+    ch.removed = [f"(file {i + 1} of the earlier input)" for i in range(len(new), len(sizes))]
+    if not ch:
+        ch.changed = [(r["path"], r["size"], r["size"]) for r in new]
+    return ch
+
+
+def row_digest(values: dict[str, Any]) -> bytes:
+    text = json.dumps(values, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+@dataclass
+class RowDigests:
+    """Per input file (by relative name): (id or None, digest) for each row, in input order."""
+
+    files: dict[str, list[tuple[str | None, bytes]]] = field(default_factory=dict)
+
+    def add(self, file: str, row_id: str | None, digest: bytes) -> None:
+        self.files.setdefault(file, []).append((row_id, digest))
+
+    def ids(self, names: Iterable[str]) -> dict[str, bytes]:
+        return {i: d for n in names for i, d in self.files.get(n, []) if i is not None}
+
+    def replace(self, other: RowDigests, names: Iterable[str]) -> None:
+        for n in names:
+            self.files.pop(n, None)
+            if n in other.files:
+                self.files[n] = other.files[n]
+
+    def save(self, path: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from jobrunner.io.writers import fsync_file
+
+        cols: dict[str, list] = {"file": [], "id": [], "digest": []}
+        for name, rows in self.files.items():
+            for row_id, digest in rows:
+                cols["file"].append(name)
+                cols["id"].append(row_id)
+                cols["digest"].append(digest)
+        table = pa.table(
+            {
+                "file": pa.array(cols["file"], pa.string()).dictionary_encode(),
+                "id": pa.array(cols["id"], pa.string()),
+                "digest": pa.array(cols["digest"], pa.binary(8)),
+            }
+        )
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        try:
+            pq.write_table(table, tmp)
+            fsync_file(tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path) -> RowDigests | None:
+        """None when the file is missing or unreadable (the run then cannot explain by row)."""
+        import pyarrow.parquet as pq
+
+        if not path.is_file():
+            return None
+        try:
+            t = pq.read_table(path)
+        except Exception:  # damaged: the caller falls back to file-level answers
+            return None
+        out = cls()
+        for name, row_id, digest in zip(
+            t.column("file").to_pylist(),
+            t.column("id").to_pylist(),
+            t.column("digest").to_pylist(),
+            strict=True,
+        ):
+            out.add(name, row_id, digest)
+        return out
+
+
+def is_run_dir(d: Path) -> bool:
+    """A jobrunner run directory: its lock names jobrunner, or it has a manifest and results/."""
+    lock = d / ".lock"
+    if lock.is_file():
+        with open(lock, "rb") as f:
+            if f.read(9) == b"jobrunner":
+                return True
+    return (d / "manifest.json").is_file() and (d / "results").is_dir()
+
+
+def outside_run_dirs(files: list[str], root: Path) -> list[str]:
+    """`files` without those inside a run directory under `root` (an output.path placed inside
+    the input folder): a run never reads its own or another run's files as input rows."""
+    verdict: dict[Path, bool] = {}
+
+    def inside(f: str) -> bool:
+        for d in Path(f).resolve().parents:
+            if d not in verdict:
+                verdict[d] = is_run_dir(d)
+            if verdict[d]:
+                return True
+            if d == root:
+                return False
+        return False
+
+    return [f for f in files if not inside(f)]
