@@ -83,6 +83,8 @@ class InputConfig(_Strict):
     on_too_long: Literal["error", "truncate_left", "truncate_right"] = "error"
     max_error_rate: float = Field(0.05, ge=0.0, le=1.0)
     batch_rows: int = Field(1024, ge=1)  # rows per streamed read batch
+    # a longer rendered prompt is a row error before tokenizing (bounds one row's memory)
+    max_prompt_chars: int = Field(1_000_000, ge=1)
 
 
 class GenerationConfig(_Strict):

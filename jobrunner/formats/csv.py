@@ -23,7 +23,16 @@ def read_csv(file: str, batch_rows: int) -> Iterator[Item]:
     except (pa.ArrowInvalid, OSError) as e:
         raise InputDataError(f"{file}: not a readable CSV file: {e}") from e
     row = 0
-    for batch in stream:
+    while True:
+        try:
+            batch = stream.read_next_batch()
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, OSError) as e:  # e.g. a row with too many fields
+            raise InputDataError(
+                f"{file}: unreadable after line {row + 1} ({e}); the lines before it are read."
+                " Repair the file and run again"
+            ) from e
         for values in batch.to_pylist():
             yield RawRow(values, RowRef(file, row, line=row + 2))  # +1 header, 1-based
             row += 1

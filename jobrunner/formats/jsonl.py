@@ -41,10 +41,30 @@ def parse_json_line(raw: bytes, ref: RowRef) -> Item:
         return RowError(
             "malformed_json", f"{ref}: malformed JSON: {e.msg} at column {e.colno}", ref
         )
+    except RecursionError:
+        return RowError("too_complex", f"{ref}: the JSON value is nested too deeply", ref)
+    if b"\\u" in raw and not _is_text(values):
+        return RowError(
+            "invalid_unicode",
+            f"{ref}: the line holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without"
+            " its pair), which is not text",
+            ref,
+        )
     if not isinstance(values, dict):
         kind = type(values).__name__
         return RowError("not_an_object", f"{ref}: expected a JSON object, got a {kind}", ref)
     return RawRow(values, ref)
+
+
+def _is_text(values: Any) -> bool:
+    """Whether every string in `values` is valid Unicode (encodes to UTF-8)."""
+    try:
+        json.dumps(values, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except (ValueError, RecursionError):
+        return True  # not ours to judge here (NaN, depth): later steps name it
+    return True
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:

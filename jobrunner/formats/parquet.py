@@ -10,7 +10,7 @@ from typing import Any
 from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.types import RowRef
+from jobrunner.types import RowError, RowRef
 
 
 def read_parquet(file: str, batch_rows: int) -> Iterator[Item]:
@@ -21,29 +21,82 @@ def read_parquet(file: str, batch_rows: int) -> Iterator[Item]:
     except Exception as e:  # pyarrow raises several types for a broken file
         raise InputDataError(f"{file}: not a readable Parquet file: {e}") from e
     row = 0
-    for batch in pf.iter_batches(batch_size=batch_rows):
-        for values in batch.to_pylist():
-            yield RawRow(values, RowRef(file, row))
+    batches = pf.iter_batches(batch_size=batch_rows)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as e:  # a row group that does not decode: the file went bad here
+            raise InputDataError(
+                f"{file}: unreadable from row {row} on ({type(e).__name__}: {e}); the rows"
+                " before it are read. Repair or replace the file and run again"
+            ) from e
+        for item in _batch_rows(batch, file, row):
+            yield item
             row += 1
 
 
+def _batch_rows(batch: Any, file: str, first: int) -> Iterator[Item]:
+    """A batch's rows; when it does not convert, row by row, so one bad value fails one row."""
+    try:
+        rows = batch.to_pylist()
+    except Exception:
+        rows = None
+    for i in range(batch.num_rows):
+        ref = RowRef(file, first + i)
+        if rows is not None:
+            yield RawRow(rows[i], ref)
+            continue
+        try:
+            yield RawRow(batch.slice(i, 1).to_pylist()[0], ref)
+        except Exception as e:
+            yield RowError("bad_value", f"{ref}: a value does not convert: {e}", ref)
+
+
 def write_parquet(records: list[dict[str, Any]], path: Path) -> None:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        table = pa.Table.from_pylist(records)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # Input columns of mixed types across rows: keep them, as JSON text.
-        table = pa.Table.from_pylist([_jsonify_mixed(r) for r in records])
-    pq.write_table(table, path)
+    pq.write_table(parquet_table(records), path)
 
 
-def _jsonify_mixed(record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str)
-        for k, v in record.items()
-    }
+def parquet_table(records: list[dict[str, Any]]):
+    """The records as one table: every key any record has is a column (a key first seen in a
+    later record is kept), each column typed by its values; a column whose values share no
+    Arrow type Parquet can store and read back becomes JSON text."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(k for r in records for k in r))
+    columns = {}
+    for name in names:
+        values = [r.get(name) for r in records]
+        try:
+            arr = pa.array(values)
+            if not _storable(arr.type):
+                raise pa.ArrowNotImplementedError(f"{arr.type} cannot be stored")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            arr = pa.array([_as_text(v) for v in values], pa.string())
+        columns[name] = arr
+    return pa.table(columns) if columns else pa.table({"id": pa.array([], pa.string())})
+
+
+MAX_DEPTH = 32  # Parquet readers refuse schemas nested past 100 levels (each list is two)
+
+
+def _storable(t, depth: int = 0) -> bool:
+    """Parquet cannot store a struct without fields, nor read back very deep nesting."""
+    import pyarrow as pa
+
+    if depth > MAX_DEPTH or (pa.types.is_struct(t) and t.num_fields == 0):
+        return False
+    kids = [t.field(i).type for i in range(t.num_fields)] if t.num_fields else []
+    if hasattr(t, "value_type"):
+        kids.append(t.value_type)
+    return all(_storable(k, depth + 1) for k in kids)
+
+
+def _as_text(v: Any) -> str | None:
+    return v if isinstance(v, str) or v is None else json.dumps(v, default=str)
 
 
 FORMAT = Format(

@@ -75,7 +75,7 @@ class Committer:
         self.savings.add(self.ledger.price(self.pending, self.measured_seconds(), now, final))
         records = [result_record(r, self.model_name) for r in self.pending]
         self.row_log += [row_record(r) for r in self.pending]
-        self.rundir.commit(self.manifest, records, errors)
+        self.rundir.commit(self.manifest, records, errors, [r.source for r in self.pending])
         self.rows_committed += len(records)
         self.pending, self.errors = [], []
         if records:

@@ -28,7 +28,15 @@ from typing import Any
 
 from jobrunner.errors import RunDirError
 from jobrunner.formats import FORMATS
-from jobrunner.io.writers import fsync_dir, fsync_file, write_atomic, write_text_atomic
+from jobrunner.io.writers import (
+    fsync_dir,
+    fsync_file,
+    publish,
+    unwritable,
+    write_atomic,
+    write_temp,
+    write_text_atomic,
+)
 from jobrunner.types import RowError
 
 MANIFEST_VERSION = 2  # 2: the input is named by content (io/identity.py)
@@ -226,28 +234,66 @@ class RunDir:
         nums = [int(m[1]) for p in self.shard_files() if (m := re.match(r"part-(\d+)\.", p.name))]
         return f"part-{(max(nums) + 1 if nums else 0):05d}{self.shards.suffix}"
 
-    def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
-        """Commit finished rows and errors in the order of the module doc."""
+    def commit(
+        self,
+        m: Manifest,
+        records: list[dict[str, Any]],
+        errors: list[RowError],
+        sources: list[Any] | None = None,
+    ) -> None:
+        """Commit finished rows and errors in the order of the module doc.
+
+        The shard is written under its temporary name first (invisible until renamed): a row
+        whose values cannot be written fails alone, as an error line, and the rest of the batch
+        is committed. `sources` (a RowRef per record) place those error lines."""
         self._commits += 1
+        path = self.results / self.next_shard_name() if records else None
+        tmp = None
+        if path is not None:
+            tmp, records, failed = self._write_shard(records, path, sources)
+            errors = [*errors, *failed]
         errors = self._new_errors(errors)
         if errors:
             with open(self.errors_path, "a", encoding="utf-8") as f:
                 for e in errors:
-                    f.write(json.dumps(self.error_record(e), ensure_ascii=False) + "\n")
+                    f.write(error_line(self.error_record(e)))
                 f.flush()
                 os.fsync(f.fileno())
         _fault("after_errors", self._commits)
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
-        if records:
-            name = self.next_shard_name()
-            write_atomic(records, self.results / name, self.shards.write)
-            m.shards.append({"name": name, "rows": len(records)})
+        if tmp is not None:
+            publish(tmp, path)
+            m.shards.append({"name": path.name, "rows": len(records)})
         _fault("after_shard", self._commits)
         ok = sum(r["finish_reason"] != "error" for r in records)
         for key, n in (("succeeded", ok), ("failed", len(errors))):
             m.counts[key] = m.counts.get(key, 0) + n
         self.save_manifest(m)
         _fault("after_manifest", self._commits)
+
+    def _write_shard(
+        self, records: list[dict[str, Any]], path: Path, sources: list[Any] | None
+    ) -> tuple[Path | None, list[dict[str, Any]], list[RowError]]:
+        """(temporary shard or None, records in it, errors for the records left out)."""
+        try:
+            return write_temp(records, path, self.shards.write), records, []
+        except OSError:
+            raise  # the disk's fault, not a row's: the CLI names it (75 or 78)
+        except Exception:
+            bad = unwritable(records, self.shards.write)
+            if not bad:
+                raise
+        failed = [
+            RowError(
+                "unwritable",
+                f"the row's values cannot be written as {self.fmt}: {type(e).__name__}: {e}",
+                sources[i] if sources else None,
+                str(records[i].get("id")),
+            )
+            for i, e in bad.items()
+        ]
+        kept = [r for i, r in enumerate(records) if i not in bad]
+        return (write_temp(kept, path, self.shards.write) if kept else None), kept, failed
 
     def _new_errors(self, errors: list[RowError]) -> list[RowError]:
         """Rows without an id are re-read on every resume: commit each place's error once."""
@@ -306,6 +352,17 @@ class RunDir:
             self.mark_finished(m, 0)
         write_text_atomic(self.success_path, "")
         fsync_file(self.success_path)
+
+
+def error_line(record: dict[str, Any]) -> str:
+    """One errors.jsonl line, always writable: text that UTF-8 cannot hold (a lone surrogate
+    from the input) is written escaped."""
+    line = json.dumps(record, ensure_ascii=False, default=str)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record, default=str)
+    return line + "\n"
 
 
 def _place(e: dict[str, Any]) -> tuple:

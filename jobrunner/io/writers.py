@@ -28,18 +28,49 @@ def result_record(r: Result, model: str) -> dict[str, Any]:
     }
 
 
-def write_atomic(
-    records: list[dict[str, Any]], path: Path, write: Callable[[list[dict[str, Any]], Path], None]
-) -> None:
+Write = Callable[[list[dict[str, Any]], Path], None]
+
+
+def write_atomic(records: list[dict[str, Any]], path: Path, write: Write) -> None:
     """`path` appears complete (as `write(records, tmp)` made it) or not at all."""
+    publish(write_temp(records, path, write), path)
+
+
+def write_temp(records: list[dict[str, Any]], path: Path, write: Write) -> Path:
+    """The file under its temporary name, fsynced; nothing is left behind if this raises."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         write(records, tmp)
         fsync_file(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Rename a `write_temp` file into place (atomic), then make the rename durable."""
+    try:
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def unwritable(records: list[dict[str, Any]], write: Write) -> dict[int, Exception]:
+    """The records `write` cannot write on their own, by index, with the reason."""
+    import tempfile
+
+    bad: dict[int, Exception] = {}
+    with tempfile.TemporaryDirectory(prefix="jobrunner-row-") as d:
+        for i, r in enumerate(records):
+            try:
+                write([r], Path(d) / "row")
+            except OSError:
+                raise  # the disk's fault, not the row's
+            except Exception as e:  # the value's own fault: that row fails, the rest are written
+                bad[i] = e
+    return bad
 
 
 def write_text_atomic(path: Path, text: str) -> None:

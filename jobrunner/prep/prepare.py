@@ -69,16 +69,43 @@ class Preparer:
     def prepare_batch(self, items: list[Item]) -> list[Request | RowError]:
         out: list[Request | RowError | tuple[str, RawRow, str]] = [self._render(i) for i in items]
         todo = [k for k, o in enumerate(out) if isinstance(o, tuple)]
-        texts = [out[k][2] for k in todo]
-        encoded = (
-            self.tokenizer(texts, add_special_tokens=self.renderer.adds_special_tokens)["input_ids"]
-            if texts
-            else []
-        )
+        encoded = self._tokenize([out[k][2] for k in todo])
         for k, ids in zip(todo, encoded, strict=True):
-            row_id, raw, text = out[k]
-            out[k] = self._request(row_id, raw, text, list(ids))
+            out[k] = self._to_request(*out[k], ids)
         return out  # type: ignore[return-value]
+
+    def _to_request(self, row_id: str, raw: RawRow, text: str, ids) -> Request | RowError:
+        if isinstance(ids, BaseException):
+            return row_failure(raw, row_id, "tokenize_failed", "cannot tokenize the prompt", ids)
+        return self._guarded(raw, row_id, lambda: self._request(row_id, raw, text, list(ids)))
+
+    def _tokenize(self, texts: list[str]) -> list[list[int] | BaseException]:
+        """Token ids per text, batched; when the batch fails, text by text, so one text the
+        tokenizer refuses fails its own row only."""
+        if not texts:
+            return []
+        special = self.renderer.adds_special_tokens
+        try:
+            return list(self.tokenizer(texts, add_special_tokens=special)["input_ids"])
+        except Exception:
+            out: list[list[int] | BaseException] = []
+            for t in texts:
+                try:
+                    out.append(self.tokenizer([t], add_special_tokens=special)["input_ids"][0])
+                except Exception as e:  # this row's text only
+                    out.append(e)
+            return out
+
+    def _guarded(self, raw: RawRow, row_id: str | None, step: Callable[[], Any]) -> Any:
+        """A per-row step; any failure becomes that row's error (never the job's)."""
+        try:
+            return step()
+        except RenderError as e:
+            return RowError(e.code, f"{raw.source}: {e}", raw.source, row_id, e.field)
+        except (RecursionError, MemoryError) as e:
+            return row_failure(raw, row_id, "too_complex", "the row is nested too deeply", e)
+        except Exception as e:  # a value no step expected: the row fails, the job goes on
+            return row_failure(raw, row_id, "bad_row", "cannot prepare the row", e)
 
     # ------------------------------------------------------------------ per row
 
@@ -92,13 +119,23 @@ class Preparer:
         or a RenderError (named by row and field)."""
         if isinstance(item, RowError):
             return item
-        row_id = self.row_id(item)
+        row_id = self._guarded(item, None, lambda: self.row_id(item))
         if isinstance(row_id, RowError):
             return row_id
-        try:
-            return row_id, item, render(item)
-        except RenderError as e:
-            return RowError(e.code, f"{item.source}: {e}", item.source, row_id, e.field)
+        text = self._guarded(item, row_id, lambda: self._bounded(render(item)))
+        return text if isinstance(text, RowError) else (row_id, item, text)
+
+    def _bounded(self, text: Any) -> Any:
+        """The rendered prompt, refused before tokenizing when over input.max_prompt_chars."""
+        limit = self.cfg.input.max_prompt_chars
+        if isinstance(text, str) and len(text) > limit:
+            raise RenderError(
+                "too_long",
+                f"the prompt has {len(text):,} characters, over input.max_prompt_chars"
+                f" {limit:,} (raise it if such prompts are meant)",
+                self.cfg.input.prompt.column,
+            )
+        return text
 
     def row_id(self, raw: RawRow) -> str | RowError:
         col = self.cfg.input.id_column
@@ -182,3 +219,10 @@ class Preparer:
             for k, v in raw.values.items()
             if k != skip
         }
+
+
+def row_failure(
+    raw: RawRow, row_id: str | None, code: str, what: str, e: BaseException
+) -> RowError:
+    detail = " ".join(str(e).split())[:300] or type(e).__name__
+    return RowError(code, f"{raw.source}: {what}: {type(e).__name__}: {detail}", raw.source, row_id)

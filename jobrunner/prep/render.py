@@ -7,6 +7,7 @@ prompts go through the tokenizer's chat template as a user message when the mode
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -21,14 +22,31 @@ class RenderError(ValueError):
         self.field = field
 
 
+MAX_SPEC_NUMBER = 10_000  # a width or precision past this is refused (one row, gigabytes)
+
+
 def template_fields(template: str) -> list[str]:
-    """The column names a template uses; rejects `{a.b}`, `{a[0]}` and positional `{}`."""
+    """The column names a template uses; rejects `{a.b}`, `{a[0]}`, positional `{}`, nested
+    fields in a format spec and widths or precisions over MAX_SPEC_NUMBER."""
     names = []
-    for _, name, _, _ in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise RenderError("bad_template", f"not a valid template: {e}") from e
+    for _, name, spec, _ in parsed:
         if name is None:
             continue
         if not name.isidentifier():
             raise RenderError("bad_template", f"template field {{{name}}}: use plain column names")
+        if spec and "{" in spec:
+            raise RenderError("bad_template", f"template field {{{name}:{spec}}}: nested fields")
+        big = [n for n in re.findall(r"\d+", spec or "") if int(n) > MAX_SPEC_NUMBER]
+        if big:
+            raise RenderError(
+                "bad_template",
+                f"template field {{{name}:{spec}}}: width or precision {big[0]} is over"
+                f" {MAX_SPEC_NUMBER}",
+            )
         names.append(name)
     return names
 
@@ -86,7 +104,36 @@ class PromptRenderer:
             raise RenderError(
                 "missing_field", f"template fields missing or null: {missing}", missing[0]
             )
-        return self.cfg.prompt.template.format_map({f: values[f] for f in self.fields})
+        size = sum(
+            len(v) if isinstance(v, (str, bytes)) else 0 for v in map(values.get, self.fields)
+        )
+        if size > self.cfg.max_prompt_chars:
+            raise RenderError(
+                "too_long",
+                f"the template's fields hold {size:,} characters, over input.max_prompt_chars"
+                f" {self.cfg.max_prompt_chars:,}",
+                self.fields[0],
+            )
+        try:
+            return self.cfg.prompt.template.format_map({f: values[f] for f in self.fields})
+        except (ValueError, TypeError, OverflowError) as e:
+            raise RenderError(
+                "bad_format",
+                f"a value does not fit the template's format spec: {e}",
+                self._misfit(values),
+            ) from e
+
+    def _misfit(self, values: dict[str, Any]) -> str | None:
+        """The first field whose value its format spec refuses."""
+        fmt = string.Formatter()
+        for _, name, spec, conv in fmt.parse(self.cfg.prompt.template):
+            if name is None:
+                continue
+            try:
+                format(fmt.convert_field(values[name], conv), spec or "")
+            except (ValueError, TypeError, OverflowError):
+                return name
+        return None
 
     def _messages(self, values: dict[str, Any], column: str) -> list[dict[str, str]]:
         if column not in values or values[column] is None:

@@ -54,7 +54,7 @@ def claims(file: str, kind: str) -> bool:
             if raw.strip():
                 try:
                     first = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, or nested past the limit
                     return False
                 return isinstance(first, dict) and {"custom_id", "body", "url"} <= first.keys()
     return False
