@@ -7,6 +7,7 @@ is not an object); the lines around a bad one are still read. Nothing is held be
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 from collections.abc import Collection
@@ -30,17 +31,71 @@ Item = RawRow | RowError
 
 def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     """The files at `path` in a stable order: a file, the files of a directory with one of
-    `suffixes`, or the files a glob matches."""
+    `suffixes`, or the files a glob matches. Symlinked folders are followed, each folder once
+    (a symlink loop ends there); a file reached twice (a link, overlapping matches) is read
+    once; files inside a run directory are left out (`identity.outside_run_dirs`)."""
     p = Path(path).expanduser()
     if p.is_file():
         return [str(p)]
     if p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in suffixes)
+        files = [f for f in walk_files(p) if Path(f).suffix in suffixes]
+    elif "**" in path:
+        files = _recursive_glob(os.path.expanduser(path))
     else:
-        files = sorted(
-            f for f in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(f)
-        )
-    files = outside_run_dirs(files, input_root(path))
+        files = [f for f in glob.glob(os.path.expanduser(path)) if os.path.isfile(f)]
+    files = outside_run_dirs(_once_each(sorted(files)), input_root(path))
     if not files:
         raise InputDataError(f"input.path: no input files found at {path!r}")
     return files
+
+
+def walk_files(root: Path) -> list[str]:
+    """Every file under `root`, following symlinked folders but entering each folder once."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for here, dirs, names in os.walk(root, followlinks=True):
+        st = os.stat(here)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        out += [
+            os.path.join(here, n) for n in sorted(names) if os.path.isfile(os.path.join(here, n))
+        ]
+    return out
+
+
+def _recursive_glob(pattern: str) -> list[str]:
+    """A `**` glob over `walk_files` (loop-safe), with glob's rules for each path segment."""
+    parts = Path(pattern).parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    if not root.is_dir():
+        return []
+    rest = parts[fixed:]
+    return [f for f in walk_files(root) if _match(rest, Path(f).relative_to(root).parts)]
+
+
+def _match(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not parts
+    head = pattern[0]
+    if head == "**":
+        return _match(pattern[1:], parts) or (
+            bool(parts) and not parts[0].startswith(".") and _match(pattern, parts[1:])
+        )
+    if not parts or (parts[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], head) and _match(pattern[1:], parts[1:])
+
+
+def _once_each(files: list[str]) -> list[str]:
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for f in files:
+        st = os.stat(f)
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            out.append(f)
+    return out

@@ -6,12 +6,15 @@ row never stops the job. Tokenization is batched: the fast tokenizer works on a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
+from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import PromptRenderer, RenderError
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
@@ -28,8 +31,16 @@ RESULT_COLUMNS = {
 }
 
 
-def derived_id(ref: RowRef) -> str:
-    return f"{os.path.basename(ref.file)}:{ref.row}"
+def derived_id(ref: RowRef, root: Path | None = None) -> str:
+    """`file:row`, the file named relative to the input root (`2024/part.jsonl:3`), so files of
+    one name in different folders give different ids; without a root, by its base name."""
+    return f"{_file_name(ref.file, root)}:{ref.row}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_name(file: str, root: Path | None) -> str:
+    name = relative_name(file, root) if root is not None else file
+    return name if not os.path.isabs(name) else os.path.basename(file)  # outside the root
 
 
 def row_seed(seed: int, row_id: str) -> int:
@@ -54,6 +65,7 @@ class Preparer:
         self.renderer = PromptRenderer(cfg.input, tokenizer)
         self.sampling = sampling_params(cfg)
         self._file_has_ids: dict[str, bool] = {}
+        self._root = input_root(cfg.input.path)  # derived ids name files relative to it
 
     def prepare(self, items: Iterable[Item], batch_rows: int = 256) -> Iterator[Request | RowError]:
         """Requests and RowErrors, in input order."""
@@ -141,7 +153,7 @@ class Preparer:
         col = self.cfg.input.id_column
         has_ids = self._file_has_ids.setdefault(raw.source.file, bool(col) and col in raw.values)
         if not has_ids:
-            return derived_id(raw.source)
+            return derived_id(raw.source, self._root)
         v = raw.values.get(col)
         if v is None:
             return RowError(
@@ -214,10 +226,11 @@ class Preparer:
         if not self.cfg.output.keep_input_columns:
             return {}
         skip = self.cfg.input.id_column
+        # A string id is the `id` column already; another type (an integer) keeps its column.
         return {
             (f"input_{k}" if k in RESULT_COLUMNS else k): v
             for k, v in raw.values.items()
-            if k != skip
+            if k != skip or not isinstance(v, str)
         }
 
 
