@@ -212,8 +212,8 @@ def test_the_same_job_resumes_from_another_working_directory(tmp_path):
         [*CLI, "run", str(job)], capture_output=True, text=True, env=env(), cwd=elsewhere
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    rows = summary(p.stdout)["rows"]
-    assert (rows["succeeded"], rows["failed"]) == (6, 0) and rows["skipped"] >= 1  # resumed
+    counts = summary(p.stdout)["rows"]
+    assert (counts["succeeded"], counts["failed"]) == (6, 0) and counts["skipped"] >= 1
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from jobrunner.formats import FORMATS
 from jobrunner.io.writers import (
     fsync_dir,
     fsync_file,
+    naming,
     publish,
     unwritable,
     write_atomic,
@@ -254,7 +255,7 @@ class RunDir:
             errors = [*errors, *failed]
         errors = self._new_errors(errors)
         if errors:
-            with open(self.errors_path, "a", encoding="utf-8") as f:
+            with naming(self.errors_path), open(self.errors_path, "a", encoding="utf-8") as f:
                 for e in errors:
                     f.write(error_line(self.error_record(e)))
                 f.flush()

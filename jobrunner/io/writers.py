@@ -5,8 +5,9 @@ A shard's records are written by its format's writer (formats/), passed in.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ def write_temp(records: list[dict[str, Any]], path: Path, write: Write) -> Path:
     """The file under its temporary name, fsynced; nothing is left behind if this raises."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        write(records, tmp)
-        fsync_file(tmp)
+        with naming(path):
+            write(records, tmp)
+            fsync_file(tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -77,7 +79,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """`path` appears complete or not at all; no temporary file survives an error."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with naming(path), open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -85,6 +87,18 @@ def write_text_atomic(path: Path, text: str) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised without a file name (a write, a flush, pyarrow's) gets `path`, so the
+    user learns where the disk was full or read-only."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
 
 
 def fsync_file(path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.io.rundir import RunDir
-from jobrunner.io.writers import write_text_atomic
+from jobrunner.io.writers import naming, write_text_atomic
 from jobrunner.quant_check import report_section
 from jobrunner.telemetry.breakdown import time_breakdown
 from jobrunner.telemetry.cost import per_million
@@ -213,5 +213,6 @@ def write_reports(rundir: RunDir) -> dict[str, Any]:
     write_text_atomic(rundir.path / "report.json", json.dumps(report, indent=2, sort_keys=True))
     write_text_atomic(rundir.path / "report.md", to_markdown(report))
     write_text_atomic(rundir.path / "report.html", to_html(report, rundir))
-    write_metrics(report, rundir.path / "metrics.prom")
+    with naming(rundir.path / "metrics.prom"):
+        write_metrics(report, rundir.path / "metrics.prom")
     return report
