@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from jobrunner.errors import ConfigError
+from jobrunner.structured.spec import SpecError, generation_spec
 
 
 class _Strict(BaseModel):
@@ -85,6 +86,8 @@ class InputConfig(_Strict):
     batch_rows: int = Field(1024, ge=1)  # rows per streamed read batch
     # a longer rendered prompt is a row error before tokenizing (bounds one row's memory)
     max_prompt_chars: int = Field(1_000_000, ge=1)
+    # structured outputs (grammar): a column holding the row's response_format (object or JSON)
+    response_format_column: str | None = None
 
 
 class GenerationConfig(_Strict):
@@ -95,6 +98,18 @@ class GenerationConfig(_Strict):
     seed: int = 0
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    # structured outputs (grammar; at most one of the three; docs/DESIGN.md)
+    response_format: dict[str, Any] | None = None  # {type: json_schema, json_schema: {...}} ...
+    choice: list[str] | None = None  # the output is exactly one of these labels
+    regex: str | None = None  # the output matches this regular expression
+
+    @model_validator(mode="after")
+    def _one_structure(self) -> GenerationConfig:
+        try:
+            generation_spec(self.response_format, self.choice, self.regex)
+        except SpecError as e:
+            raise ValueError(str(e)) from e
+        return self
 
 
 class OutputConfig(_Strict):
@@ -187,6 +202,7 @@ class JobConfig(_Strict):
                     "system_prompt",
                     "use_chat_template",
                     "on_too_long",
+                    "response_format_column",
                 }
             ),
             "generation": self.generation.model_dump(),

@@ -119,7 +119,13 @@ def _generate_sampled(
     check_engine(engine, cfg)
     stop.reraise()  # a signal during start-up whose exception a library swallowed
     load_seconds = time.monotonic() - t0
-    stream = PrepStream(cfg, loaded.tokenizer, skip_ids, order=_order(cfg)).start()
+    stream = PrepStream(
+        cfg,
+        loaded.tokenizer,
+        skip_ids,
+        order=_order(cfg),
+        compile_grammar=getattr(engine, "compile_grammar", None),
+    ).start()
     committer = Committer(
         rundir,
         manifest,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jobrunner.structured.spec import OutputSpec
 
 
 class FinishReason(str, enum.Enum):
@@ -24,6 +27,7 @@ class SamplingParams:
     seed: int = 0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    structured: OutputSpec | None = None  # the grammar the output must match (structured/)
 
     @property
     def greedy(self) -> bool:
@@ -120,6 +124,9 @@ class Result:
     error_code: str | None = None
     error: str | None = None
     shared_with: int = 1  # >1 when exact duplicates shared one computation (cost is split)
+    # constrained rows: "complete", or "incomplete" when the row ended (max_new_tokens, a stop
+    # string) before its value did; None for unconstrained rows
+    structure: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -223,6 +223,7 @@ def test_chat_uses_the_template_completions_the_raw_prompt(tmp_path, tokenizer, 
         "method": "POST",
         "url": COMPL,
         "body": json.loads(data.read_text().splitlines()[1])["body"],
+        "tool_call": None,
     }
     warnings = [r for r in caplog.records if "differs from the job's model" in r.getMessage()]
     assert len(warnings) == 1

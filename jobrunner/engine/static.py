@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from jobrunner.engine.base import Engine
-from jobrunner.engine.finish import make_result
+from jobrunner.engine.finish import error_result, make_result
 from jobrunner.types import Request, Result
 
 
@@ -42,6 +42,15 @@ def pack_batches(
     return batches
 
 
+def _unconstrained(r: Request) -> Result:
+    return error_result(
+        r,
+        "unsupported",
+        "structured outputs (response_format, choice, regex, tools) need the paged engine;"
+        " this model runs on the static engine",
+    )
+
+
 class StaticEngine(Engine):
     kind = "static"
 
@@ -49,6 +58,8 @@ class StaticEngine(Engine):
         it = iter(requests)
         window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)
         while not self._stop_requested and (chunk := list(islice(it, window))):
+            yield from (_unconstrained(r) for r in chunk if r.sampling.structured is not None)
+            chunk = [r for r in chunk if r.sampling.structured is None]
             e = self.cfg.engine
             batches = [
                 b

@@ -26,6 +26,7 @@ def result_record(r: Result, model: str) -> dict[str, Any]:
         "completion_tokens": r.usage.completion_tokens,
         "cost_usd": r.usage.cost_usd,
         "model": model,
+        "structure": r.structure,
     }
 
 

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from jobrunner.config import JobConfig
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import PromptRenderer, RenderError
+from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 
 RESULT_COLUMNS = {
@@ -28,6 +30,7 @@ RESULT_COLUMNS = {
     "completion_tokens",
     "cost_usd",
     "model",
+    "structure",
 }
 
 
@@ -52,7 +55,14 @@ def row_seed(seed: int, row_id: str) -> int:
 def sampling_params(cfg: JobConfig) -> SamplingParams:
     g = cfg.generation
     return SamplingParams(
-        g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.seed, tuple(g.stop), g.ignore_eos
+        g.max_new_tokens,
+        g.temperature,
+        g.top_p,
+        g.top_k,
+        g.seed,
+        tuple(g.stop),
+        g.ignore_eos,
+        generation_spec(g.response_format, g.choice, g.regex),
     )
 
 
@@ -204,8 +214,15 @@ class Preparer:
             ids = ids[-limit:] if policy == "truncate_left" else ids[:limit]
         room = self.cfg.model.max_model_len - len(ids)
         sampling = sampling or self.sampling
+        column = self.cfg.input.response_format_column
+        if column and raw.values.get(column) is not None:
+            try:
+                spec = response_format_spec(raw.values[column], column)
+            except SpecError as e:
+                return RowError(e.code, f"{raw.source}: {e}", raw.source, row_id, e.field)
+            sampling = replace(sampling, structured=spec)
         if sampling.max_new_tokens > room:
-            sampling = SamplingParams(**{**sampling.__dict__, "max_new_tokens": room})
+            sampling = replace(sampling, max_new_tokens=room)
         return Request(
             row_id,
             ids,

@@ -77,13 +77,15 @@ class PromptRenderer:
             return f"{self.cfg.system_prompt}\n\n{text}" if self.cfg.system_prompt else text
         return self.chat([{"role": "user", "content": text}])
 
-    def chat(self, messages: list[dict[str, str]]) -> str:
+    def chat(self, messages: list[dict[str, str]], tools: list[Any] | None = None) -> str:
+        """Templated chat text; `tools` (OpenAI function tools) reach templates that render them."""
         if self.cfg.system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
         if not getattr(self.tokenizer, "chat_template", None):
             raise RenderError("no_chat_template", "the model's tokenizer has no chat template")
+        extra = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True, **extra
         )
 
     def _column_text(self, values: dict[str, Any], column: str) -> str:

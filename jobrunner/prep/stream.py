@@ -39,8 +39,13 @@ class PrepStream:
         skip_ids: set[str],
         order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
         depth: int = 4096,
+        compile_grammar: Callable[[Any], None] | None = None,
     ) -> None:
+        """`compile_grammar(spec)` (the engine's) compiles a constrained row's grammar here, in
+        the background, so compiling overlaps the forward pass; a ValueError from it fails the
+        row (named by row and schema path), not the job."""
         self.cfg = cfg
+        self.compile_grammar = compile_grammar
         self.preparer = make_preparer(cfg, tokenizer)
         self.skip_ids = skip_ids
         self.order = order or (lambda reqs: reqs)
@@ -120,6 +125,8 @@ class PrepStream:
                 self.skipped += 1
                 continue
             self.rows_read += 1
+            if not isinstance(item, RowError):
+                item = self._compiled(item)
             if isinstance(item, RowError):
                 with self._lock:
                     self._errors.append(item)
@@ -127,6 +134,16 @@ class PrepStream:
             if not self._is_follower(item):
                 self.prompt_tokens += item.num_prompt_tokens
                 yield item
+
+    def _compiled(self, r: Request) -> Request | RowError:
+        spec = r.sampling.structured
+        if spec is None or self.compile_grammar is None:
+            return r
+        try:
+            self.compile_grammar(spec)
+        except ValueError as e:  # structured.grammar.GrammarError
+            return RowError("bad_schema", f"{r.source}: {e}", r.source, r.id, spec.where)
+        return r
 
     def _is_follower(self, r: Request) -> bool:
         key = dedup_key(r)

@@ -94,7 +94,11 @@ class Scheduler:
 
     def _draft(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a greedy generating row, none past its token or length limits."""
-        if not (self.speculative_tokens and seq.num_output_tokens and seq.request.sampling.greedy):
+        sampling = seq.request.sampling
+        # a draft token is not checked against a grammar: constrained rows decode one at a time
+        if not (self.speculative_tokens and seq.num_output_tokens and sampling.greedy) or (
+            sampling.structured is not None
+        ):
             return []
         k = min(
             self.speculative_tokens,

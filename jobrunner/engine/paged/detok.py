@@ -29,6 +29,7 @@ class FinishedRow:
     error_code: str | None = None
     error: str | None = None
     work: Usage = field(default_factory=Usage)  # the sequence's work fields (telemetry.cost)
+    structure: str | None = None  # constrained rows: the grammar's verdict (Result.structure)
 
 
 def make_result(row: FinishedRow, text: str, output_ids: list[int], reason: FinishReason) -> Result:
@@ -46,6 +47,7 @@ def make_result(row: FinishedRow, text: str, output_ids: list[int], reason: Fini
         meta=req.meta,
         error_code=row.error_code,
         error=row.error,
+        structure=row.structure,
     )
 
 
@@ -155,6 +157,7 @@ class Detokenizer:
                     FinishReason.STOP,
                     watch.seq.num_cached_tokens,
                     work=replace(watch.seq.work),
+                    structure=_cut(watch.request),
                 )
                 self._emit(row, text[:hit], FinishReason.STOP)
                 self._stop_hits.put(seq_id)
@@ -170,12 +173,18 @@ class Detokenizer:
             hit = find_stop(text, row.request.sampling.stop, 0)
             if hit >= 0:
                 text, reason = text[:hit], FinishReason.STOP
+                row.structure = _cut(row.request)
         self._results.put(make_result(row, text, row.output_ids, reason))
 
     def _emit(self, row: FinishedRow, text: str, reason: FinishReason) -> None:
         self._watches.pop(row.seq_id, None)
         self._done.add(row.seq_id)
         self._results.put(make_result(row, text, row.output_ids, reason))
+
+
+def _cut(request: Request) -> str | None:
+    """A stop string cut the text: a constrained row's value is no longer whole."""
+    return "incomplete" if request.sampling.structured is not None else None
 
 
 def _drain(q: queue.Queue) -> list:

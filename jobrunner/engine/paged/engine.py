@@ -138,6 +138,13 @@ class PagedEngine(Engine):
             return
         max_new = min(request.sampling.max_new_tokens, capacity - n)
         seq = Sequence(request, max_new, self.eos_token_ids)
+        spec = request.sampling.structured
+        if spec is not None:
+            try:  # compiled already by the prep stage unless this engine runs without one
+                self.runner.processors[seq.seq_id] = self.grammars.processor(spec)
+            except ValueError as e:  # GrammarError: the spec does not compile
+                self._reject(request, "bad_schema", str(e))
+                return
         self._live[seq.seq_id] = seq
         self._entered[seq.seq_id] = time.perf_counter()
         self.detok.watch(seq)
@@ -146,6 +153,21 @@ class PagedEngine(Engine):
     def _reject(self, request: Request, code: str, message: str) -> None:
         row = FinishedRow(-1, request, [], FinishReason.ERROR, 0, code, message)
         self.detok.result(make_result(row, "", [], FinishReason.ERROR))
+
+    @property
+    def grammars(self):
+        """The compiled grammars for this model's tokenizer (structured.grammar.Grammars), made
+        with the first constrained row: xgrammar takes about a second to import."""
+        if self.runner.grammars is None:
+            from jobrunner.structured.grammar import Grammars
+
+            vocab = self.loaded.hf_config.vocab_size  # the logits width
+            self.runner.grammars = Grammars(self.loaded.tokenizer, vocab, self.eos_token_ids)
+        return self.runner.grammars
+
+    def compile_grammar(self, spec) -> None:
+        """Compile a row's spec ahead (the prep thread calls it); raises GrammarError."""
+        self.grammars.compile(spec)
 
     # ------------------------------------------------------------------ forward with back-off
 
@@ -248,6 +270,7 @@ class PagedEngine(Engine):
     def _post_finished(self, seq: Sequence, msg: str | None = None) -> None:
         self._live.pop(seq.seq_id, None)
         self._entered.pop(seq.seq_id, None)
+        proc = self.runner.processors.get(seq.seq_id)
         self.runner.release(seq.seq_id)
         self.detok.finished(
             FinishedRow(
@@ -259,6 +282,7 @@ class PagedEngine(Engine):
                 seq.error_code,
                 msg,
                 seq.work,
+                structure=proc.structure if proc is not None else None,
             )
         )
 

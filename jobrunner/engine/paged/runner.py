@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,6 +54,9 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
+        # seq_id -> its grammar's matcher (structured/grammar.py); set by the engine on intake
+        self.processors: dict[int, Any] = {}
+        self.grammars = None  # structured.grammar.Grammars, made with the first constrained row
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton and graph capture use the current device
         self.dtype = model.dtype
@@ -108,6 +112,8 @@ class ModelRunner:
         row to fail; its tokens are meaningless)."""
         inputs = self.prepare(batch)
         logits = self._forward(inputs)  # (R, V)
+        if self.processors:
+            self._constrain(logits, batch, inputs.sampling_rows)
         samplers = [self._sampler(batch.seqs[i]) for i in inputs.sampling_rows]
         sampled, finite = sample(logits, samplers)
         picks: dict[int, list[int]] = {}  # batch row -> its logits rows, in position order
@@ -118,7 +124,21 @@ class ModelRunner:
         for row, js in picks.items():
             kept = accept(batch.drafts[row], [sampled[j] for j in js])
             tokens[row], ok[row] = kept, all(finite[j] for j in js[: len(kept)])
+            proc = self.processors.get(batch.seqs[row].seq_id)
+            if proc is not None and ok[row]:
+                proc.accept(kept)  # the matcher follows the row's kept tokens
         return tokens, ok
+
+    def _constrain(self, logits: torch.Tensor, batch: ScheduledBatch, rows: list[int]) -> None:
+        """Mask the constrained rows' logits to their grammars, in one batched pass."""
+        procs, index = [], []
+        for j, row in enumerate(rows):
+            proc = self.processors.get(batch.seqs[row].seq_id)
+            if proc is not None:
+                procs.append(proc)
+                index.append(j)
+        if procs:
+            self.grammars.apply(logits, procs, index)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         t, n = inputs.meta.triton, inputs.input_ids.shape[0]
@@ -137,6 +157,7 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         self.samplers.pop(seq_id, None)
+        self.processors.pop(seq_id, None)
 
     def _sampler(self, seq) -> RowSampler:
         s = self.samplers.get(seq.seq_id)

@@ -88,7 +88,7 @@ def _usage(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def chat_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
-    message = {"role": "assistant", "content": rec["completion"], "refusal": None}
+    message, finish = _message(rec, rid)
     return {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion",
@@ -99,12 +99,45 @@ def chat_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": rec["finish_reason"],
+                "finish_reason": finish,
             }
         ],
         "usage": _usage(rec),
         "system_fingerprint": None,
     }
+
+
+def _message(rec: dict[str, Any], rid: str) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish reason. A forced tool call (the `tool_call` column: the
+    named function, or "" when the output names it) is answered as the API answers it:
+    `tool_calls` with the arguments as JSON text, content null, finish_reason "tool_calls".
+    One cut short by max_tokens stays text, with "length"."""
+    text, finish, tool = rec["completion"], rec["finish_reason"], rec.get("tool_call")
+    call = _tool_call(text, tool) if tool is not None and finish == "stop" else None
+    if call is None:
+        return {"role": "assistant", "content": text, "refusal": None}, finish
+    name, arguments = call
+    tool_call = {
+        "id": f"call_{rid}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [tool_call]}
+    return message, "tool_calls"
+
+
+def _tool_call(text: str, tool: str) -> tuple[str, Any] | None:
+    """(name, arguments) from the constrained output: the arguments of the named function,
+    or `{"name": ..., "arguments": {...}}` under tool_choice "required"."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if tool:
+        return tool, value
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and "arguments" in value:
+        return value["name"], value["arguments"]
+    return None
 
 
 def completion_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:

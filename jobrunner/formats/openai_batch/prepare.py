@@ -17,6 +17,7 @@ from typing import Any
 from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
 from jobrunner.prep.prepare import Preparer, derived_id
 from jobrunner.prep.render import RenderError, validate_messages
+from jobrunner.structured.spec import OutputSpec, SpecError, response_format_spec, tool_spec
 from jobrunner.types import Request, RowError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "echo": (None, False),
     "suffix": (None, ""),
     "stream": (None, False),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"),
     "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
     "audio": (None,),
     "prediction": (None,),
     "frequency_penalty": (None, 0, 0.0),
@@ -54,6 +52,10 @@ HONOURED = {
     "top_p",
     "stop",
     "seed",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",  # one call is an answer either way
 }
 # Any other body field (user, metadata, store, service_tier, ...) is ignored, with one warning.
 
@@ -147,6 +149,8 @@ class OpenAIPreparer(Preparer):
             if line.seed is not None:  # OpenAI's seed: same seed and prompt, same sample
                 req.seq_seed = line.seed & SEED_MASK
             req.meta = {"endpoint": line.endpoint, "custom_id": row_id, "model": line.model}
+            spec = line.sampling.structured
+            req.columns["tool_call"] = spec.tool if spec else None  # output: message.tool_calls
         return req
 
     def _columns(self, raw) -> dict[str, Any]:
@@ -173,9 +177,7 @@ class OpenAIPreparer(Preparer):
 # ---------------------------------------------------------------------- body parsing
 
 
-def parse_line(
-    values: dict[str, Any], defaults: SamplingParams, chat: Callable[[list[dict[str, str]]], str]
-) -> Line:
+def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[..., str]) -> Line:
     """Validate one line and render its prompt. Raises RenderError(code, message, field)."""
     method = values.get("method", "POST")
     if method != "POST":
@@ -197,10 +199,28 @@ def parse_line(
     if model is not None and not isinstance(model, str):
         raise RenderError("bad_body", "body.model must be a string", "body.model")
     sampling, seed = parse_sampling(body, defaults)
+    spec = body_spec(body, url)
+    if spec is not None:
+        sampling = replace(sampling, structured=spec)
     if url == CHAT:
-        return Line(url, chat(_messages(body)), sampling, seed, model)
+        tools = {"tools": body["tools"]} if spec is not None and spec.tool is not None else {}
+        return Line(url, chat(_messages(body), **tools), sampling, seed, model)
     text, ids = _prompt(body)
     return Line(url, text, sampling, seed, model, ids)
+
+
+def body_spec(body: dict[str, Any], url: str) -> OutputSpec | None:
+    """The line's structured output: a forced tool call, else its response_format."""
+    try:
+        if url == CHAT:
+            tool = tool_spec(body.get("tools"), body.get("tool_choice"), "body")
+            if tool is not None:
+                return tool
+        elif body.get("tools") not in (None, []):
+            raise SpecError("body.tools needs the chat endpoint", "body.tools", "unsupported")
+        return response_format_spec(body.get("response_format"), "body.response_format")
+    except SpecError as e:
+        raise RenderError(e.code, str(e), e.field) from e
 
 
 def check_unsupported(body: dict[str, Any]) -> None:
