@@ -52,8 +52,6 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
     from jobrunner.prep.stream import dedup_key
 
     s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), set()
-    wave: set[int] | None = set()  # the first admission wave: its rows share nothing
-    wave_rows = wave_tokens = 0
     preparer = make_preparer(cfg, tokenizer)
     for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
         s.rows += 1
@@ -72,15 +70,9 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
             seen_keys.add(key)
         s.unique_bounds.append(bound)
         s.unique_prompts.append(n)
-        computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks, add_to=wave)
+        computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks)
         s.computed_prompt_tokens += computed
         s.unique_rows.append((n, computed, bound, not item.sampling.ignore_eos))
-        wave_rows, wave_tokens = wave_rows + 1, wave_tokens + computed
-        if wave is not None and (
-            wave_rows >= cfg.engine.max_num_seqs or wave_tokens >= cfg.engine.max_batch_tokens
-        ):
-            seen_blocks |= wave
-            wave = None  # later rows are admitted as others finish: they see what came before
         _reservoir(s.sample, item, len(s.unique_bounds), sample_size, rng)
     return s
 
@@ -89,9 +81,8 @@ def _cached(ids: list[int], cfg: JobConfig, seen: set[int], add_to: set[int] | N
     """Prompt tokens a never-evicting prefix cache holding `seen` would serve (as the block
     manager does); this prompt's blocks go to `add_to` (default: `seen`).
 
-    The first rows are admitted together, in one step, and cannot share what none has computed
-    yet: the scan adds the first wave's blocks to `seen` only once it is full (max_num_seqs rows
-    or max_batch_tokens tokens). After that, rows are admitted one by one as others finish.
+    Rows admitted together share too: the scheduler holds back a row whose next uncached block
+    an earlier row computes in the same step, and it hits the cache one step later.
     """
     if not cfg.engine.prefix_caching:
         return 0
