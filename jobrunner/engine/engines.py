@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from jobrunner.engine.base import Engine
 from jobrunner.engine.paged import PagedEngine
 from jobrunner.engine.static import StaticEngine
+from jobrunner.errors import ConfigError
 from jobrunner.registry import Registry
 
 if TYPE_CHECKING:
@@ -26,6 +27,15 @@ ENGINES: Registry[type[Engine]] = Registry(
 
 
 def make_engine(loaded: LoadedModel, cfg: JobConfig) -> Engine:
+    if cfg.task == "embed":  # prefill-only: one engine whatever engine.kind says
+        from jobrunner.engine.embed.engine import EmbedEngine
+
+        return EmbedEngine(loaded, cfg)
+    if loaded.encoder:
+        raise ConfigError(
+            f"model.source: {loaded.source.name} is an encoder without a language-model head;"
+            " it can only embed (set task: embed)"
+        )
     kind = cfg.engine.kind if cfg.engine.kind != "auto" else "paged"
     cls = ENGINES.get(kind)
     reason = cls.supports(loaded)

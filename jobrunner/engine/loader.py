@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ class LoadedModel:
     device: Any  # torch.device
     dtype: Any  # torch.dtype
     weights_dir: str  # local HF directory holding config.json + safetensors
+    encoder: bool = False  # an encoder (BERT family) loaded as AutoModel: embed jobs only
 
     @property
     def hf_config(self) -> Any:
@@ -52,19 +54,21 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 def load_model(cfg: ModelConfig) -> LoadedModel:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     src = resolve_source(cfg.source)
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     weights_dir = _ensure_dense(src)
+    encoder = is_encoder_dir(weights_dir)
+    auto = AutoModel if encoder else AutoModelForCausalLM
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.revision and src.kind == "hub":
         kwargs["revision"] = cfg.revision
     if not cfg.allow_pickle:
         kwargs["use_safetensors"] = True
     try:
-        model = AutoModelForCausalLM.from_pretrained(weights_dir, **kwargs)
+        model = auto.from_pretrained(weights_dir, **kwargs)
     except OSError as e:
         hint = (
             " (set model.allow_pickle: true to load .bin weights)"
@@ -76,7 +80,23 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     torch.set_grad_enabled(False)
     tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     log.info("loaded %s on %s as %s", src.name, device, str(dtype).removeprefix("torch."))
-    return LoadedModel(model, tok, src, device, dtype, weights_dir)
+    return LoadedModel(model, tok, src, device, dtype, weights_dir, encoder)
+
+
+def is_encoder_dir(weights_dir: str) -> bool:
+    """config.json names an encoder architecture (BertModel, XLMRobertaModel, ...): one without a
+    language-model head, which is loaded as AutoModel (no weights read here)."""
+    try:
+        conf = json.loads((Path(weights_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    archs = conf.get("architectures") or []
+    heads = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+    return (
+        bool(archs)
+        and not any(a.endswith(heads) for a in archs)
+        and conf.get("model_type") not in ("llama", "mistral", "qwen2", "qwen3")
+    )
 
 
 def pick_device(name: str) -> Any:

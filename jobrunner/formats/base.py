@@ -28,6 +28,7 @@ class Format:
     read: Reader | None = None
     claims: Callable[[str, str], bool] | None = None  # (file, its suffix's format): auto picks us
     preparer: type[Preparer] | None = None  # None: the column/template Preparer
+    embed_preparer: type[Preparer] | None = None  # task: embed (None: prep.embed.EmbedPreparer)
     # output
     write: Writer | None = None  # writes one result shard
     suffix: str = ""  # of the shard files `write` makes

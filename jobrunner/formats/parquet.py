@@ -57,7 +57,23 @@ def _batch_rows(batch: Any, file: str, first: int) -> Iterator[Item]:
 def write_parquet(records: list[dict[str, Any]], path: Path) -> None:
     import pyarrow.parquet as pq
 
-    pq.write_table(parquet_table(records), path)
+    pq.write_table(embedding_column(parquet_table(records)), path)
+
+
+def embedding_column(table):
+    """An `embedding` column (task: embed) as fixed_size_list<float32>[d] when every vector has
+    d values (else list<float32>): the layout vector stores and numpy read without a per-row
+    copy."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "embedding" not in table.column_names:
+        return table
+    col = table.column("embedding")
+    lens = pc.unique(pc.list_value_length(col)).drop_null().to_pylist()
+    kind = pa.list_(pa.float32(), lens[0]) if len(lens) == 1 else pa.list_(pa.float32())
+    i = table.column_names.index("embedding")
+    return table.set_column(i, "embedding", col.cast(kind))
 
 
 def parquet_table(records: list[dict[str, Any]]):

@@ -27,6 +27,7 @@ def result_record(r: Result, model: str) -> dict[str, Any]:
         "cost_usd": r.usage.cost_usd,
         "model": model,
         "structure": r.structure,
+        **({"embedding": r.embedding} if r.embedding is not None or r.meta.get("embed") else {}),
     }
 
 

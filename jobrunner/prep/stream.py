@@ -27,7 +27,8 @@ def dedup_key(r: Request) -> bytes | None:
     """Identical prompt and parameters under greedy decoding give identical output."""
     if not r.sampling.greedy:
         return None
-    h = hashlib.blake2b(repr((r.prompt_token_ids, r.sampling)).encode(), digest_size=16)
+    dims = r.meta.get("dimensions")  # an embedding's truncation (task: embed)
+    h = hashlib.blake2b(repr((r.prompt_token_ids, r.sampling, dims)).encode(), digest_size=16)
     return h.digest()
 
 

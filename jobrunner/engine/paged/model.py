@@ -100,6 +100,18 @@ class PagedCausalLM:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_rows: torch.Tensor,  # (R,) token rows whose next-token logits are wanted
     ) -> torch.Tensor:  # (R, vocab) float32
+        h = self.hidden_states(input_ids, positions, meta, kv_caches, logits_rows)
+        return self._linear(self.hf.lm_head, h).float()
+
+    @torch.inference_mode()
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # (T,)
+        positions: torch.Tensor,  # (T,)
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        out_rows: torch.Tensor | None = None,  # (R,) token rows wanted; None: all
+    ) -> torch.Tensor:  # (R, D) after the final norm, in the compute dtype
         rope = (positions, None, None)  # the C kernel reads the tables by position
         if not self.rope_kernel:
             rope = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
@@ -108,8 +120,7 @@ class PagedCausalLM:
             h += self._attention(i, layer, h, rope, meta, k_cache, v_cache)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
                 rows += self._mlp(i, layer.mlp, rms_norm(layer.post_attention_layernorm, rows))
-        h = rms_norm(self.hf.model.norm, h[logits_rows])  # (R, D)
-        return self._linear(self.hf.lm_head, h).float()
+        return rms_norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
 
     def _linear(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A plain nn.Linear through the small-row path; other modules (quantized) as they are."""

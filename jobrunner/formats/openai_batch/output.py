@@ -1,7 +1,8 @@
 """OpenAI Batch API output, in the run directory:
   output.jsonl  one line per succeeded request, shaped like the Batch API's output file:
                 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`
-                with a `chat.completion` or `text_completion` body;
+                with a `chat.completion` or `text_completion` body, or for /v1/embeddings a
+                CreateEmbeddingResponse (one line per request, its inputs' rows joined);
   errors.jsonl  one line per failed request: `{"id", "custom_id", "response": null,
                 "error": {"code", "message", "param", "line"}}` plus the usual jobrunner fields
                 (file, row, line, field, code, message) that resume and the reports read;
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobrunner.formats.openai_batch.embeddings import EMBEDDINGS, EmbeddingLines, embedding_body
 from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
 from jobrunner.io.writers import fsync_dir, fsync_file, write_text_atomic
 from jobrunner.types import RowError
@@ -166,9 +168,19 @@ def output_line(rec: dict[str, Any], salt: str, created: int) -> dict[str, Any]:
     """One succeeded shard record as a Batch API output line (ids are stable per job + row)."""
     rid = _hash(salt, str(rec["id"]))
     body = BODIES[endpoint(rec.get("url")) or CHAT](rec, rid, created)
+    return _line(rid, rec["id"], body)
+
+
+def embeddings_line(recs: list[dict[str, Any]], salt: str) -> dict[str, Any]:
+    """One /v1/embeddings request's rows (one per input) as its output line."""
+    cid = recs[0]["custom_id"]
+    return _line(_hash(salt, cid), cid, embedding_body(recs))
+
+
+def _line(rid: str, custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"batch_req_{rid}",
-        "custom_id": rec["id"],
+        "custom_id": custom_id,
         "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
         "error": None,
     }
@@ -185,8 +197,8 @@ class Totals:
     completion_tokens: int = 0
     cost_usd: float = 0.0
 
-    def add(self, rec: dict[str, Any]) -> None:
-        self.completed += 1
+    def add(self, rec: dict[str, Any], lines: int = 1) -> None:
+        self.completed += lines
         for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"):
             setattr(self, k, getattr(self, k) + (rec.get(k) or 0))
 
@@ -196,13 +208,22 @@ def finalize(rundir, manifest, cfg) -> None:
     salt = json.dumps(manifest.fingerprint, sort_keys=True)
     path = rundir.path / OUTPUT_FILE
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    totals, endpoints = Totals(), Counter()
+    totals, endpoints, embeddings = Totals(), Counter(), EmbeddingLines()
     try:
         with open(tmp, "w", encoding="utf-8") as out:
             for rec, created in _succeeded(rundir.shard_files()):
-                out.write(json.dumps(output_line(rec, salt, created), ensure_ascii=False) + "\n")
+                if rec.get("url") == EMBEDDINGS:  # one line per request, from its inputs' rows
+                    recs = embeddings.add(rec)
+                    line = embeddings_line(recs, salt) if recs else None
+                else:
+                    line = output_line(rec, salt, created)
+                if line is None:
+                    totals.add(rec, lines=0)
+                    continue
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
                 totals.add(rec)
-                endpoints[endpoint(rec.get("url")) or CHAT] += 1
+                url = rec.get("url")
+                endpoints[EMBEDDINGS if url == EMBEDDINGS else endpoint(url) or CHAT] += 1
         fsync_file(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)

@@ -1,0 +1,160 @@
+"""`task: embed`: one vector per request, from prefill-only forwards (engine/embed/).
+
+Requests are read in windows of `engine.order_window`, sorted by length and packed into
+batches under `engine.max_batch_tokens` (at most `engine.max_num_seqs` sequences), so a batch
+holds sequences of close lengths and packed backends compute no padding at all. Each vector is
+pooled as the model says (pooling.py), truncated to the row's `dimensions` and L2-normalized
+(`embedding.normalize`). A batch that runs out of memory is split in two and retried; a single
+row that still does not fit fails alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from itertools import islice
+
+import torch
+
+from jobrunner.engine.base import Engine
+from jobrunner.engine.embed.st_files import pooling_mode
+from jobrunner.types import FinishReason, Request, Result, Usage
+
+log = logging.getLogger(__name__)
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "out of memory" in str(e)
+    )
+
+
+def length_batches(reqs: list[Request], max_tokens: int, max_seqs: int) -> list[list[Request]]:
+    """Requests sorted by length, cut into runs under the token and sequence budgets (a request
+    longer than the budget is a batch of its own)."""
+    batches: list[list[Request]] = []
+    cur: list[Request] = []
+    tokens = 0
+    for r in sorted(reqs, key=lambda r: r.num_prompt_tokens):
+        n = r.num_prompt_tokens
+        if cur and (tokens + n > max_tokens or len(cur) >= max_seqs):
+            batches.append(cur)
+            cur, tokens = [], 0
+        cur.append(r)
+        tokens += n
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def finish_vector(v: torch.Tensor, dimensions: int | None, normalize: bool) -> list[float]:
+    """OpenAI's `dimensions`: keep the first N values, then (if asked) L2-normalize."""
+    if dimensions:
+        v = v[:dimensions]
+    if normalize:
+        v = torch.nn.functional.normalize(v, dim=0)
+    return v.tolist()
+
+
+class EmbedEngine(Engine):
+    kind = "embed"
+
+    def __init__(self, loaded, cfg) -> None:
+        super().__init__(loaded, cfg)
+        from jobrunner.engine.embed.backends import make_backend
+
+        e = cfg.engine
+        if e.num_threads and loaded.device.type == "cpu":
+            torch.set_num_threads(e.num_threads)
+        self.decoder = is_decoder(loaded.model)
+        self.pooling = pooling_mode(cfg.model.pooling, loaded.weights_dir, self.decoder)
+        self.backend = make_backend(loaded, cfg, self.decoder)
+        self.stats.notes.append(f"embed: {type(self.backend).__name__}, {self.pooling} pooling")
+        log.info("embeddings: %s, %s pooling", type(self.backend).__name__, self.pooling)
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        self._t0 = time.perf_counter()
+        e = self.cfg.engine
+        pending = iter(requests)
+        try:
+            while not self._stop_requested and (window := list(islice(pending, e.order_window))):
+                for batch in length_batches(window, e.max_batch_tokens, e.max_num_seqs):
+                    if self._stop_requested:
+                        return
+                    yield from self._run(batch)
+        finally:
+            self.stats.engine_seconds += time.perf_counter() - self._t0
+
+    def _run(self, batch: list[Request]) -> list[Result]:
+        t = time.perf_counter()
+        try:
+            vectors = self.backend.embed([r.prompt_token_ids for r in batch], self.pooling)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            self.stats.oom_retries += 1
+            if len(batch) == 1:
+                return [self._failed(batch[0], "oom", f"out of memory embedding the row: {exc}")]
+            half = len(batch) // 2
+            return self._run(batch[:half]) + self._run(batch[half:])
+        vectors = vectors.cpu()
+        seconds = time.perf_counter() - t
+        self._record(batch, seconds)
+        tokens = sum(r.num_prompt_tokens for r in batch)
+        return [
+            self._result(r, v, seconds * r.num_prompt_tokens / tokens)
+            for r, v in zip(batch, vectors, strict=True)
+        ]
+
+    def _result(self, r: Request, v: torch.Tensor, seconds: float) -> Result:
+        """`seconds`: the row's share of its batch's time, by its tokens (cost by work)."""
+        if not bool(torch.isfinite(v).all()):
+            return self._failed(r, "non_finite", "the model produced a non-finite embedding")
+        dims = r.meta.get("dimensions") or self.cfg.embedding.dimensions
+        vec = finish_vector(v, dims, self.cfg.embedding.normalize)
+        usage = Usage(prompt_tokens=r.num_prompt_tokens)
+        usage.add_step(r.num_prompt_tokens, False, seconds)
+        return embed_result(r, FinishReason.STOP, usage, embedding=vec)
+
+    def _failed(self, r: Request, code: str, message: str) -> Result:
+        usage = Usage(prompt_tokens=r.num_prompt_tokens)
+        return embed_result(r, FinishReason.ERROR, usage, error_code=code, error=message)
+
+    def _record(self, batch: list[Request], seconds: float) -> None:
+        s, tokens = self.stats, sum(r.num_prompt_tokens for r in batch)
+        s.steps += 1
+        s.forward_seconds += seconds
+        s.prefill_tokens += tokens
+        s.step_log.append(
+            {
+                "t": round(time.perf_counter() - self._t0, 4),
+                "num_running": len(batch),
+                "num_waiting": 0,
+                "batch_tokens": tokens,
+                "prefill_tokens": tokens,
+                "decode_tokens": 0,
+                "kv_blocks_used": 0,
+                "step_seconds": round(seconds, 5),
+                "preemptions": 0,
+            }
+        )
+
+
+def embed_result(r: Request, finish: FinishReason, usage: Usage, **fields) -> Result:
+    """An embed row's Result: no completion; `embedding` set when it succeeded."""
+    return Result(
+        id=r.id,
+        completion="",
+        finish_reason=finish,
+        usage=usage,
+        source=r.source,
+        columns=r.columns,
+        meta=r.meta,
+        **fields,
+    )
+
+
+def is_decoder(hf_model) -> bool:
+    """A causal LM (its hidden states come from the paged model), not an encoder."""
+    return hasattr(hf_model, "lm_head") or bool(getattr(hf_model.config, "is_decoder", False))

@@ -1,0 +1,65 @@
+"""`task: embed` rows -> Requests: a text column or a template, never a chat template; the
+tokenizer adds its special tokens (BERT's [CLS] ... [SEP]). No torch here.
+
+An input longer than `max_input_tokens` fails its row, or is cut (input.on_too_long). OpenAI
+/v1/embeddings lines have their own preparer (formats/openai_batch/embeddings.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobrunner.engine.embed.st_files import st_max_seq_length
+from jobrunner.prep.prepare import Preparer
+from jobrunner.prep.render import PromptRenderer
+from jobrunner.types import Request, RowError, SamplingParams
+
+EMBED_SAMPLING = SamplingParams(max_new_tokens=0)  # nothing is generated; greedy: dedup applies
+
+
+def max_input_tokens(cfg: Any, tokenizer: Any) -> int:
+    """Tokens one input may hold: model.max_model_len, bounded by the sentence-transformers
+    max_seq_length and the tokenizer's model_max_length where the model states them."""
+    limits = [cfg.model.max_model_len]
+    where = getattr(tokenizer, "name_or_path", "") or ""
+    st = st_max_seq_length(where) if where else None
+    if st:
+        limits.append(st)
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < 1 << 20:
+        limits.append(tok_max)
+    return min(limits)
+
+
+class EmbedPreparer(Preparer):
+    """A text column or template; special tokens as the tokenizer adds them (CLS/SEP)."""
+
+    def __init__(self, cfg, tokenizer) -> None:
+        super().__init__(cfg, tokenizer)
+        self.renderer = PromptRenderer(
+            cfg.input.model_copy(update={"use_chat_template": False}), tokenizer
+        )
+        self.sampling = EMBED_SAMPLING
+        self.limit = max_input_tokens(cfg, tokenizer)
+
+    def _request(self, row_id, raw, text, ids, sampling=None) -> Request | RowError:
+        ids = fit_tokens(ids, self.limit, self.cfg.input.on_too_long)
+        if isinstance(ids, str):
+            field = self.cfg.input.prompt.column
+            return RowError("too_long", f"{raw.source}: {ids}", raw.source, row_id, field)
+        req = Request(row_id, ids, EMBED_SAMPLING, raw.source, text, self._priority(raw))
+        req.columns = self._columns(raw)
+        req.meta = {"embed": True}
+        return req
+
+
+def fit_tokens(ids: list[int], limit: int, policy: str) -> list[int] | str:
+    """The ids within `limit` (cut as input.on_too_long says), or the error's message."""
+    if len(ids) <= limit:
+        return ids
+    if policy == "error":
+        return (
+            f"the input has {len(ids)} tokens; this model embeds at most {limit} (set"
+            " input.on_too_long to truncate_right or truncate_left to cut it)"
+        )
+    return ids[-limit:] if policy == "truncate_left" else ids[:limit]
