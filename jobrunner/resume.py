@@ -163,7 +163,8 @@ def _iter_ids(cfg: JobConfig, only: set[str] | None, root) -> Iterator[tuple[str
         for item in read_rows(path, cfg.input.format, cfg.input.batch_rows):
             row_id = preparer.row_id(item) if isinstance(item, RawRow) else item
             if isinstance(row_id, str):
-                yield row_id, item
+                for rid in preparer.result_ids(row_id, item):
+                    yield rid, item
             else:  # the row's error (bad id, unreadable row): it may still name the row
                 yield None, row_id
 

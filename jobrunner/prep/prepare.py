@@ -159,6 +159,11 @@ class Preparer:
             )
         return text
 
+    def result_ids(self, row_id: str, raw: RawRow) -> list[str]:
+        """The ids of the results (or error) an input row can end as: its own id, except where
+        one row becomes several (an embeddings line with several inputs)."""
+        return [row_id]
+
     def row_id(self, raw: RawRow) -> str | RowError:
         col = self.cfg.input.id_column
         has_ids = self._file_has_ids.setdefault(raw.source.file, bool(col) and col in raw.values)

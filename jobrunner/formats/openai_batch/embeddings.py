@@ -47,6 +47,15 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
         super().__init__(cfg, tokenizer)
         self.limit = max_input_tokens(cfg, tokenizer)
 
+    def result_ids(self, row_id: str, raw) -> list[str]:
+        """A line of several inputs ends as `<custom_id>#<index>` rows (or, failed, as its
+        custom_id): resume checks committed ids against these."""
+        body = raw.values.get("body")
+        inputs = body.get("input") if isinstance(body, dict) else None
+        if not isinstance(inputs, list) or not inputs or _is_ids(inputs):
+            return [row_id]
+        return [row_id, *(f"{row_id}#{i}" for i in range(min(len(inputs), MAX_INPUTS)))]
+
     def prepare_batch(self, items: list) -> list[Request | RowError]:
         parsed: list[Any] = [
             self._per_row(i, lambda raw: parse_embed_line(raw.values)) for i in items
