@@ -243,17 +243,18 @@ def validate(
 @app.command(cls=_Command, short_help="rebuild the reports of a run directory")
 def report(
     run_dir: Annotated[
-        Path, typer.Argument(metavar="RUN_DIR", help="the run directory (output.path)")
+        str,
+        typer.Argument(metavar="RUN_DIR", help="the run directory (output.path, or a store URL)"),
     ],
 ) -> None:
     """Rebuild every report from a run directory, without a model or a GPU."""
     _setup_logging(False)
     try:
-        from jobrunner.io.rundir import RunDir
+        from jobrunner.io.store_rundir import open_rundir
         from jobrunner.telemetry.report import write_reports
 
-        rundir = RunDir(run_dir)
-        if not run_dir.is_dir() or rundir.load_manifest() is None:
+        rundir = open_rundir(run_dir)
+        if rundir.load_manifest() is None:
             raise errors.RunDirError(
                 f"{run_dir} is not a jobrunner run directory (no {run_dir}/manifest.json):"
                 " give the output.path of a job that has run"
@@ -262,7 +263,7 @@ def report(
     except Exception as e:
         _fail(e)
         return
-    typer.echo((run_dir / "report.md").read_text(), err=True)
+    typer.echo((rundir.path / "report.md").read_text(), err=True)
     _print_summary(
         {
             "status": "ok",

@@ -99,3 +99,9 @@ def _path_in_text(text: str) -> str | None:
 
     m = re.search(r"'(/[^']+)'", text)
     return m[1] if m else None
+
+
+class StoreError(JobError):
+    """A write to the object store failed: committed rows are kept; rerun to continue."""
+
+    exit_code = EXIT_INTERRUPTED

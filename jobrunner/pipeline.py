@@ -17,7 +17,9 @@ from jobrunner.config import JobConfig
 from jobrunner.errors import InputDataError, Interrupted
 from jobrunner.formats import output_format
 from jobrunner.io.committer import Committer
+from jobrunner.io.ids import IdSet
 from jobrunner.io.rundir import Manifest, RunDir
+from jobrunner.io.store_rundir import open_rundir
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.model import load_report
@@ -56,7 +58,7 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
 
     opts = opts or RunOptions()
     out = output_format(cfg.output.format)
-    rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
+    rundir = open_rundir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # a changed job is refused (78), even when this one is done
         return finish_run(cfg, rundir, None)  # the job's outcome again (0 or 65)
@@ -81,7 +83,7 @@ def _generate(
     cfg: JobConfig,
     rundir: RunDir,
     manifest: Manifest,
-    skip_ids: set[str],
+    skip_ids: IdSet,
     total_rows: int,
     stop: SignalLatch,
 ) -> JobSummary:
@@ -99,7 +101,7 @@ def _generate_sampled(
     cfg: JobConfig,
     rundir: RunDir,
     manifest: Manifest,
-    skip_ids: set[str],
+    skip_ids: IdSet,
     total_rows: int,
     t0: float,
     telemetry,
@@ -181,7 +183,7 @@ def _generate_sampled(
         write_reports(rundir)
         raise Interrupted(
             f"interrupted: {committer.rows_committed} rows committed to"
-            f" {rundir.path}; run the same command again to continue"
+            f" {rundir.location}; run the same command again to continue"
         )
     return finish_run(cfg, rundir, manifest)
 
@@ -306,7 +308,7 @@ def finish_run(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> Job
     status = "done" if ran else "nothing_to_do"
     if not ran:  # this invocation redid none: every committed row was skipped
         rows["skipped"] = report["rows"]["total"]
-    return JobSummary(status, str(rundir.path), rows, report["cost"]["cost_usd"], report)
+    return JobSummary(status, rundir.location, rows, report["cost"]["cost_usd"], report)
 
 
 def _load_or_rebuild_report(rundir: RunDir) -> dict[str, Any]:

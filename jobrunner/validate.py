@@ -29,23 +29,25 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
         raise InputDataError(describe_duplicates(duplicates))
     preparer = make_preparer(cfg, load_tokenizer(cfg.model))
     codes: Counter[str] = Counter()
-    lengths: list[int] = []
+    valid = prompt_tokens = max_prompt_tokens = 0  # running totals: nothing kept per row
     for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
         if isinstance(item, RowError):
             codes[item.code] += 1
             if sum(codes.values()) <= MAX_SHOWN:
                 print(f"  {item.code}: {item.message}", file=sys.stderr)
         else:
-            lengths.append(item.num_prompt_tokens)
+            valid += 1
+            prompt_tokens += item.num_prompt_tokens
+            max_prompt_tokens = max(max_prompt_tokens, item.num_prompt_tokens)
     failed = sum(codes.values())
     summary = {
         "status": "ok",
         "rows": total,
-        "valid": len(lengths),
+        "valid": valid,
         "invalid": failed,
         "errors_by_code": dict(codes),
-        "prompt_tokens": sum(lengths),
-        "max_prompt_tokens": max(lengths, default=0),
+        "prompt_tokens": prompt_tokens,
+        "max_prompt_tokens": max_prompt_tokens,
         "max_new_tokens": cfg.generation.max_new_tokens,
         "output": cfg.output.path,
         "output_state": output,

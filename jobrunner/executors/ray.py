@@ -24,7 +24,7 @@ from typing import Any
 import ray  # not installed: executors.run_with_executor says how to install it
 
 from jobrunner.config import JobConfig
-from jobrunner.errors import Interrupted
+from jobrunner.errors import ConfigError, Interrupted
 from jobrunner.executors.ray_blocks import (
     Plan,
     claim_run,
@@ -36,6 +36,7 @@ from jobrunner.executors.ray_blocks import (
     plan_blocks,
 )
 from jobrunner.formats import output_format
+from jobrunner.io.fs import is_remote
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.pipeline import JobSummary, RunOptions, finish_run
 from jobrunner.resume import check_same_job, open_run
@@ -50,6 +51,11 @@ FAULT_ENV = "JOBRUNNER_RAY_FAULT_MARKER"  # tests only: see BlockWorker._fault_h
 
 def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
     out = output_format(cfg.output.format)
+    if is_remote(cfg.output.path):
+        raise ConfigError(
+            f"output.path {cfg.output.path}: executor ray writes a local run directory; object"
+            " stores take executor local (docs/DESIGN.md, object stores)"
+        )
     rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
     if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
         check_same_job(rundir, cfg)  # as the local executor: a changed job is refused (78)

@@ -7,6 +7,7 @@ from typing import Any
 
 from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
+from jobrunner.io.fs import open_file
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowRef
 
@@ -19,7 +20,7 @@ def read_csv(file: str, batch_rows: int) -> Iterator[Item]:
     # Strings stay strings: an id column of digits must not become an integer.
     convert = pcsv.ConvertOptions(column_types=_all_strings(file), strings_can_be_null=False)
     try:
-        stream = pcsv.open_csv(file, read_options=opts, convert_options=convert)
+        stream = pcsv.open_csv(open_file(file), read_options=opts, convert_options=convert)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputDataError(f"{file}: not a readable CSV file: {e}") from e
     row = 0
@@ -40,11 +41,13 @@ def read_csv(file: str, batch_rows: int) -> Iterator[Item]:
 
 def _all_strings(file: str) -> dict[str, Any]:
     import csv
+    import io
 
     import pyarrow as pa
 
-    with open(file, newline="", encoding="utf-8", errors="replace") as f:
-        header = next(csv.reader(f), [])
+    with open_file(file) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+        header = next(csv.reader(text), [])
     return {name: pa.string() for name in header}
 
 

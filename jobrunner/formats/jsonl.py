@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.formats.base import Format
+from jobrunner.io.fs import open_file
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowError, RowRef
 
@@ -15,7 +16,7 @@ BOM = b"\xef\xbb\xbf"
 
 
 def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
-    with open(file, "rb") as f:
+    with open_file(file) as f:
         row = 0
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():

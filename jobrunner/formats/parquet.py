@@ -9,18 +9,14 @@ from typing import Any
 
 from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
+from jobrunner.io.fs import is_remote, open_file
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowError, RowRef
 
 
 def read_parquet(file: str, batch_rows: int) -> Iterator[Item]:
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(file)
-    except Exception as e:  # pyarrow raises several types for a broken file
-        raise InputDataError(f"{file}: not a readable Parquet file: {e}") from e
     row = 0
+    pf = open_parquet(file)
     batches = pf.iter_batches(batch_size=batch_rows)
     while True:
         try:
@@ -52,6 +48,21 @@ def _batch_rows(batch: Any, file: str, first: int) -> Iterator[Item]:
             yield RawRow(batch.slice(i, 1).to_pylist()[0], ref)
         except Exception as e:
             yield RowError("bad_value", f"{ref}: a value does not convert: {e}", ref)
+
+
+def open_parquet(file: str) -> Any:
+    """A Parquet file, a local path or a store URL."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(file if not is_remote(file) else open_file(file))
+    except Exception as e:  # pyarrow raises several types for a broken file
+        raise InputDataError(f"{file}: not a readable Parquet file: {e}") from e
+
+
+def read_parquet_batches(file: str, batch_rows: int) -> Iterator[Any]:
+    """A Parquet file (a local path or a store URL) as Arrow record batches."""
+    yield from open_parquet(file).iter_batches(batch_size=batch_rows)
 
 
 def write_parquet(records: list[dict[str, Any]], path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.errors import InputDataError
+from jobrunner.io.fs import glob_files, is_remote, local_path
 from jobrunner.io.identity import input_root, outside_run_dirs
 from jobrunner.types import RowError, RowRef
 
@@ -33,7 +34,16 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     """The files at `path` in a stable order: a file, the files of a directory with one of
     `suffixes`, or the files a glob matches. Symlinked folders are followed, each folder once
     (a symlink loop ends there); a file reached twice (a link, overlapping matches) is read
-    once; files inside a run directory are left out (`identity.outside_run_dirs`)."""
+    once; files inside a run directory are left out (`identity.outside_run_dirs`). On a
+    store (io.fs): the object, the objects under a prefix with one of `suffixes`, or the
+    objects a glob matches."""
+    path = local_path(path)
+    if is_remote(path):
+        named = glob.has_magic(path) or Path(path).suffix in suffixes
+        found = [f for f in glob_files(path) if named or Path(f).suffix in suffixes]
+        if not found:
+            raise InputDataError(f"input.path: no input files found at {path!r}")
+        return found
     p = Path(path).expanduser()
     if p.is_file():
         return [str(p)]

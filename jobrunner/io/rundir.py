@@ -28,6 +28,8 @@ from typing import Any
 
 from jobrunner.errors import RunDirError
 from jobrunner.formats import FORMATS
+from jobrunner.io.fs import open_file
+from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.writers import (
     fsync_dir,
     fsync_file,
@@ -104,6 +106,13 @@ class RunDir:
         self._commits = 0
 
     # ----------------------------------------------------------------- state
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def publish(self) -> None:
+        """Side files are written in place (a store run directory uploads them here)."""
 
     @property
     def finished(self) -> bool:
@@ -220,6 +229,12 @@ class RunDir:
         ids.update(str(e["id"]) for e in self.iter_errors() if e.get("id") is not None)
         return ids
 
+    def committed_idset(self) -> IdSet:
+        """committed_ids() in 8 bytes an id, read from the shards' id columns (io.ids)."""
+        chunks = [hash_ids(read_id_array(f)) for f in self.shard_files()]
+        errors = [str(e["id"]) for e in self.iter_errors() if e.get("id") is not None]
+        return IdSet.from_chunks([*chunks, hash_ids(errors) if errors else []])
+
     def iter_errors(self) -> Iterator[dict[str, Any]]:
         if not self.errors_path.is_file():
             return
@@ -260,17 +275,17 @@ class RunDir:
                     f.write(error_line(self.error_record(e)))
                 f.flush()
                 os.fsync(f.fileno())
-        _fault("after_errors", self._commits)
+        fault("after_errors", self._commits)
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
         if tmp is not None:
             publish(tmp, path)
             m.shards.append({"name": path.name, "rows": len(records)})
-        _fault("after_shard", self._commits)
+        fault("after_shard", self._commits)
         ok = sum(r["finish_reason"] != "error" for r in records)
         for key, n in (("succeeded", ok), ("failed", len(errors))):
             m.counts[key] = m.counts.get(key, 0) + n
         self.save_manifest(m)
-        _fault("after_manifest", self._commits)
+        fault("after_manifest", self._commits)
 
     def _write_shard(
         self, records: list[dict[str, Any]], path: Path, sources: list[Any] | None
@@ -370,29 +385,61 @@ def _place(e: dict[str, Any]) -> tuple:
     return (e.get("file"), e.get("row"))
 
 
-def _fault(point: str, commit: int) -> None:
+def fault(point: str, commit: int) -> None:
+    """Tests only: SIGKILL this process at `point` of commit number `commit` (FAULT_ENV)."""
     spec = os.environ.get(FAULT_ENV)
     if spec and spec == f"{point}:{commit}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def read_shard(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_shard(path: Path | str) -> list[dict[str, Any]]:
+    return read_columns(path, None)
 
 
-def read_column(path: Path, name: str) -> list[Any]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def read_columns(path: Path | str, names: list[str] | None) -> list[dict[str, Any]]:
+    """A shard's records (local path or store URL), only `names` if given."""
+    with open_file(str(path)) as f:
+        if str(path).endswith(".parquet"):
+            import pyarrow.parquet as pq
 
-        values = pq.read_table(path, columns=[name]).column(name).to_pylist()
+            return pq.read_table(f, columns=names).to_pylist()
+        recs = [json.loads(line) for line in f if line.strip()]
+    return recs if names is None else [{k: r.get(k) for k in names} for r in recs]
+
+
+def read_column(path: Path | str, name: str) -> list[Any]:
+    if str(path).endswith(".parquet"):
+        values = _parquet_column(path, name).to_pylist()
     else:
         values = [rec[name] for rec in read_shard(path)]
     return [str(v) for v in values] if name == "id" else values
+
+
+def _parquet_column(path: Path | str, name: str):
+    import pyarrow.parquet as pq
+
+    with open_file(str(path)) as f:
+        return pq.read_table(f, columns=[name]).column(name)
+
+
+def read_id_array(path: Path | str):
+    """A shard's ids as Arrow strings (Parquet: the id column alone)."""
+    import pyarrow as pa
+
+    if str(path).endswith(".parquet"):
+        return _parquet_column(path, "id")
+    return pa.array(read_column(path, "id"), pa.string())
+
+
+def count_rows(path: Path | str) -> tuple[int, int]:
+    """(rows, rows with finish_reason error) of a shard, vectorized for Parquet."""
+    if not str(path).endswith(".parquet"):
+        reasons = read_column(path, "finish_reason")
+        return len(reasons), sum(r == "error" for r in reasons)
+    import pyarrow.compute as pc
+
+    col = _parquet_column(path, "finish_reason")
+    return len(col), int(pc.sum(pc.equal(col, "error")).as_py() or 0)
 
 
 def read_ids(path: Path) -> list[str]:

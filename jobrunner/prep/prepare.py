@@ -17,7 +17,7 @@ from typing import Any
 from jobrunner.config import JobConfig
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.prep.render import PromptRenderer, RenderError
+from jobrunner.prep.render import Framed, PromptRenderer, RenderError
 from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 
@@ -108,7 +108,7 @@ class Preparer:
             return []
         special = self.renderer.adds_special_tokens
         try:
-            return list(self.tokenizer(texts, add_special_tokens=special)["input_ids"])
+            return self._encode(texts)
         except Exception:
             out: list[list[int] | BaseException] = []
             for t in texts:
@@ -128,6 +128,26 @@ class Preparer:
             return row_failure(raw, row_id, "too_complex", "the row is nested too deeply", e)
         except Exception as e:  # a value no step expected: the row fails, the job goes on
             return row_failure(raw, row_id, "bad_row", "cannot prepare the row", e)
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text; framed chat prompts tokenize only their user text (render.py)."""
+        frame = self.renderer.frame_token_ids if texts else None
+        framed = [k for k, t in enumerate(texts) if frame and isinstance(t, Framed)]
+        out: list[list[int]] = [[] for _ in texts]
+        if framed:
+            pre, post = frame
+            contents = [texts[k].content for k in framed]
+            for k, ids in zip(
+                framed, self.tokenizer(contents, add_special_tokens=False)["input_ids"], strict=True
+            ):
+                out[k] = [*pre, *ids, *post]
+        rest = [k for k in range(len(texts)) if not (frame and isinstance(texts[k], Framed))]
+        if rest:
+            special = self.renderer.adds_special_tokens
+            encoded = self.tokenizer([texts[k] for k in rest], add_special_tokens=special)
+            for k, ids in zip(rest, encoded["input_ids"], strict=True):
+                out[k] = list(ids)
+        return out
 
     # ------------------------------------------------------------------ per row
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+from functools import cached_property
 from typing import Any
 
 from jobrunner.config import InputConfig
@@ -51,6 +52,27 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
+# Texts a template that inspects message content (trims, or branches on a prefix) renders
+# differently from a plain copy; user_turn only takes the fast path for _plain texts.
+FRAME_PROBES = ("a", "Two words.", "line one\nline two", "{{ x }} {% y %}", "émoji ✓ 字", "a  b")
+
+
+class Framed(str):
+    """A chat-templated prompt made of the template's frame around `content` (user_turn)."""
+
+    __slots__ = ("content",)
+
+    def __new__(cls, text: str, content: str) -> Framed:
+        out = super().__new__(cls, text)
+        out.content = content
+        return out
+
+
+def _plain(text: str) -> bool:
+    """No surrounding whitespace and no leading markup: what FRAME_PROBES vouch for."""
+    return text == text.strip() and text[0] not in "<[/{#@!"
+
+
 class PromptRenderer:
     def __init__(self, cfg: InputConfig, tokenizer: Any) -> None:
         self.cfg = cfg
@@ -75,7 +97,47 @@ class PromptRenderer:
             raise RenderError("empty_prompt", "the prompt is empty or whitespace only", p.column)
         if not self.use_chat:
             return f"{self.cfg.system_prompt}\n\n{text}" if self.cfg.system_prompt else text
-        return self.chat([{"role": "user", "content": text}])
+        return self.user_turn(text)
+
+    def user_turn(self, text: str) -> str:
+        """One user message through the chat template: the template's text around a plain
+        message is rendered once (`_frame`), since Jinja per row costs more than tokenizing."""
+        frame = self._frame
+        if frame is None or not _plain(text):
+            return self.chat([{"role": "user", "content": text}])
+        return Framed(f"{frame[0]}{text}{frame[1]}", text)
+
+    @cached_property
+    def frame_token_ids(self) -> tuple[list[int], list[int]] | None:
+        """Token ids of the frame's two sides, if tokenizing a framed text equals tokenizing its
+        sides and its user text apart (true at special-token and newline boundaries of
+        byte-level BPE; checked on FRAME_PROBES), else None."""
+        if self._frame is None:
+            return None
+        before, after = self._frame
+        ids = self.tokenizer([before, after, *FRAME_PROBES], add_special_tokens=False)["input_ids"]
+        full = self.tokenizer(
+            [f"{before}{p}{after}" for p in FRAME_PROBES], add_special_tokens=False
+        )["input_ids"]
+        pre, post = list(ids[0]), list(ids[1])
+        if any(list(f) != pre + list(p) + post for f, p in zip(full, ids[2:], strict=True)):
+            return None
+        return pre, post
+
+    @cached_property
+    def _frame(self) -> tuple[str, str] | None:
+        """(before, after) the user text, if the template copies a plain message verbatim:
+        probes with leading symbols, inner newlines, braces and markup must render as
+        before + probe + after, else every row goes through Jinja."""
+        marker = "\u2063jobrunner-frame\u2063"
+        out = self.chat([{"role": "user", "content": marker}])
+        if out.count(marker) != 1:
+            return None
+        before, after = out.split(marker)
+        for probe in FRAME_PROBES:
+            if self.chat([{"role": "user", "content": probe}]) != f"{before}{probe}{after}":
+                return None
+        return before, after
 
     def chat(self, messages: list[dict[str, str]], tools: list[Any] | None = None) -> str:
         """Templated chat text; `tools` (OpenAI function tools) reach templates that render them."""

@@ -17,10 +17,13 @@ from dataclasses import replace
 from typing import Any
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats import make_preparer
+from jobrunner.io.ids import IdSet, committed
+from jobrunner.prep.fresh import FreshRows
 from jobrunner.types import Request, Result, RowError
 
 _END = object()
+CHECK_ROWS = 256  # rows checked against the committed ids at once (one vectorized lookup)
 
 
 def dedup_key(r: Request) -> bytes | None:
@@ -37,7 +40,7 @@ class PrepStream:
         self,
         cfg: JobConfig,
         tokenizer: Any,
-        skip_ids: set[str],
+        skip_ids: IdSet | set[str],
         order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
         depth: int = 4096,
         compile_grammar: Callable[[Any], None] | None = None,
@@ -55,7 +58,8 @@ class PrepStream:
         self._errors: list[RowError] = []
         self._inflight: dict[bytes, list[Request]] = {}  # leader key -> followers
         self._leader_key: dict[str, bytes] = {}
-        self.skipped = 0
+        self._skipped = 0  # rows the committed check dropped here (FreshRows counts its own)
+        self._rows: FreshRows | None = None
         self.deduplicated = 0
         # progress: rows read (not skipped), prompt tokens they need prefilled, input read to the end
         self.rows_read = 0
@@ -81,6 +85,11 @@ class PrepStream:
                 return
             yield item
 
+    @property
+    def skipped(self) -> int:
+        """Input rows skipped as already committed."""
+        return self._skipped + (self._rows.skipped if self._rows else 0)
+
     def drain_errors(self) -> list[RowError]:
         with self._lock:
             out, self._errors = self._errors, []
@@ -97,8 +106,8 @@ class PrepStream:
 
     def _run(self) -> None:
         try:
-            items = read_rows(self.cfg.input.path, self.cfg.input.format, self.cfg.input.batch_rows)
-            for req in self.order(self._fresh(self.preparer.prepare(items))):
+            self._rows = FreshRows(self.cfg, self.skip_ids)
+            for req in self.order(self._fresh(self.preparer.prepare(self._rows))):
                 if self._stop.is_set():
                     break
                 self._put(req)
@@ -120,21 +129,21 @@ class PrepStream:
                 self._queue.put_nowait(item)
 
     def _fresh(self, prepared: Iterable[Request | RowError]) -> Iterator[Request]:
-        for item in prepared:
-            row_id = item.id
-            if row_id is not None and row_id in self.skip_ids:
-                self.skipped += 1
-                continue
-            self.rows_read += 1
-            if not isinstance(item, RowError):
-                item = self._compiled(item)
-            if isinstance(item, RowError):
-                with self._lock:
-                    self._errors.append(item)
-                continue
-            if not self._is_follower(item):
-                self.prompt_tokens += item.num_prompt_tokens
-                yield item
+        for chunk in _chunks(prepared, CHECK_ROWS):
+            done = committed(self.skip_ids, [item.id for item in chunk])
+            for item, skip in zip(chunk, done, strict=True):
+                if skip:
+                    self._skipped += 1
+                    continue
+                self.rows_read += 1
+                if not isinstance(item, RowError):
+                    item = self._compiled(item)
+                if isinstance(item, RowError):
+                    with self._lock:
+                        self._errors.append(item)
+                elif not self._is_follower(item):
+                    self.prompt_tokens += item.num_prompt_tokens
+                    yield item
 
     def _compiled(self, r: Request) -> Request | RowError:
         spec = r.sampling.structured
@@ -158,6 +167,17 @@ class PrepStream:
             self._inflight[key] = []
             self._leader_key[r.id] = key
         return False
+
+
+def _chunks(items: Iterable, n: int) -> Iterator[list]:
+    chunk: list = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def copy_to_followers(leader: Result, followers: list[Request]) -> list[Result]:

@@ -7,25 +7,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jobrunner.io.rundir import RunDir
+from jobrunner.io.rundir import RunDir, read_columns
 
 REPORT_FILE = "report.json"
 TOKEN_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd", "finish_reason"]
 
 
 def iter_token_columns(rundir: RunDir) -> Iterator[dict[str, Any]]:
-    """Each committed row's TOKEN_COLUMNS (None where a shard lacks one)."""
-    import pyarrow.parquet as pq
-
+    """Each committed row's TOKEN_COLUMNS (None where a JSONL shard lacks one); shards may be
+    local files or store URLs."""
     for f in rundir.shard_files():
-        if f.suffix == ".parquet":
-            yield from pq.read_table(f, columns=TOKEN_COLUMNS).to_pylist()
-        else:
-            with open(f, encoding="utf-8") as fh:
-                for line in fh:
-                    if line.strip():
-                        rec = json.loads(line)
-                        yield {k: rec.get(k) for k in TOKEN_COLUMNS}
+        yield from read_columns(f, TOKEN_COLUMNS)
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

@@ -215,4 +215,5 @@ def write_reports(rundir: RunDir) -> dict[str, Any]:
     write_text_atomic(rundir.path / "report.html", to_html(report, rundir))
     with naming(rundir.path / "metrics.prom"):
         write_metrics(report, rundir.path / "metrics.prom")
+    rundir.publish()
     return report

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobrunner.formats.jsonl import read_jsonl
+from jobrunner.io.fs import open_file
 from jobrunner.io.readers import Item
 from jobrunner.prep.prepare import derived_id
 from jobrunner.types import RowError
@@ -49,7 +50,7 @@ def claims(file: str, kind: str) -> bool:
     """`input.format: auto`: a .jsonl file whose first line has custom_id, url and body."""
     if kind != "jsonl":
         return False
-    with open(file, "rb") as f:
+    with open_file(file) as f:
         for raw in f:
             if raw.strip():
                 try:

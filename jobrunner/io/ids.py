@@ -1,0 +1,183 @@
+"""Row ids in compact form: 8 bytes an id, never a Python object per row.
+
+`IdSet` holds sorted unique 64-bit hashes of ids (a numpy array); membership is a binary
+search, asked a batch of ids at a time. Ids are hashed vectorized (polars' string hash with a
+fixed seed); the hashes live only in this process, so their stability across polars versions
+does not matter. The duplicate check rereads colliding candidates by value, so a collision never
+fails a job; a pending row whose hash meets a committed one would be skipped as done, with
+probability committed * pending / 2^64 (below 1.4e-4 for 100M rows in all).
+
+`batch_ids` gives the job's id of every row of an Arrow batch, with the rules of
+`prep.prepare.Preparer.row_id` (the id column as text, else `file:row`; null where invalid).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+SEED = 0x6A6F6272  # fixed: the same id hashes alike in every batch of this process
+_TEXT_OR_INT = ("string", "large_string", "string_view", "int8", "int16", "int32", "int64")
+_TEXT_OR_INT += ("uint8", "uint16", "uint32", "uint64")
+
+
+def hash_ids(ids: Any) -> np.ndarray:
+    """uint64 hashes of ids: a pyarrow array/chunked array or a sequence of str (no nulls)."""
+    import polars as pl
+
+    s = pl.from_arrow(ids) if hasattr(ids, "type") else pl.Series(list(ids), dtype=pl.String)
+    if isinstance(s, pl.DataFrame):  # pragma: no cover - a table passed by mistake
+        raise TypeError("hash_ids takes one column")
+    return s.cast(pl.String).hash(seed=SEED).to_numpy()
+
+
+class IdSet:
+    """A set of row ids as sorted unique uint64 hashes (module doc)."""
+
+    def __init__(self, hashes: np.ndarray | None = None) -> None:
+        self.hashes = _sorted_unique(hashes) if hashes is not None else np.empty(0, np.uint64)
+
+    @classmethod
+    def from_chunks(cls, chunks: Iterable[np.ndarray]) -> IdSet:
+        parts = [np.asarray(c, np.uint64) for c in chunks]
+        return cls(np.concatenate(parts) if parts else None)
+
+    @classmethod
+    def of(cls, ids: Iterable[str]) -> IdSet:
+        ids = list(ids)
+        return cls(hash_ids(ids) if ids else None)
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __bool__(self) -> bool:
+        return len(self.hashes) > 0
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another IdSet or to a set of ids holding the same ids."""
+        if isinstance(other, (set, frozenset)):
+            other = IdSet.of(other)
+        if not isinstance(other, IdSet):
+            return NotImplemented
+        return np.array_equal(self.hashes, other.hashes)
+
+    __hash__ = None  # type: ignore[assignment]  (mutable-like: compares by content)
+
+    def __contains__(self, row_id: str) -> bool:
+        return bool(self.contains_hashes(hash_ids([row_id]))[0])
+
+    def contains(self, ids: Sequence[str]) -> np.ndarray:
+        """A bool per id."""
+        if not len(self.hashes) or not len(ids):
+            return np.zeros(len(ids), bool)
+        return self.contains_hashes(hash_ids(ids))
+
+    def contains_hashes(self, h: np.ndarray) -> np.ndarray:
+        if not len(self.hashes):
+            return np.zeros(len(h), bool)
+        at = np.searchsorted(self.hashes, h)
+        at[at == len(self.hashes)] = 0
+        return self.hashes[at] == h
+
+    def union(self, other: IdSet) -> IdSet:
+        return IdSet(np.concatenate([self.hashes, other.hashes]))
+
+
+def _sorted_unique(h: np.ndarray) -> np.ndarray:
+    """Sorted unique values, sorting `h` in place (np.unique would hold two more copies)."""
+    h = np.asarray(h, np.uint64)
+    if not h.flags.writeable:
+        h = h.copy()
+    h.sort()
+    if len(h) < 2:
+        return h
+    keep = np.empty(len(h), bool)
+    keep[0] = True
+    np.not_equal(h[1:], h[:-1], out=keep[1:])
+    return h if keep.all() else h[keep]
+
+
+def repeated(hashes: np.ndarray) -> np.ndarray:
+    """The hashes that occur more than once (sorted, unique). Sorts `hashes` in place."""
+    hashes.sort()
+    return np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
+
+
+def batch_ids(batch: Any, file: str, first_row: int, id_column: str | None) -> Any:
+    """The id of each row of an Arrow batch, as a string array; null where the row's id is
+    invalid (null, empty, or of a type other than text or integer)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = batch.schema.names
+    if not id_column or id_column not in names:
+        rows = pa.array(np.arange(first_row, first_row + batch.num_rows))
+        return pc.binary_join_element_wise(os.path.basename(file), pc.cast(rows, pa.string()), ":")
+    col = batch.column(names.index(id_column))
+    if str(col.type) not in _TEXT_OR_INT:
+        return pa.nulls(batch.num_rows, pa.string())
+    text = pc.cast(col, pa.string())
+    if pa.types.is_integer(col.type):
+        return text
+    blank = pc.equal(pc.utf8_trim_whitespace(text), "")
+    return pc.if_else(blank, pa.scalar(None, pa.string()), text)
+
+
+def valid_hashes(ids: Any) -> np.ndarray:
+    """Hashes of the non-null ids of a string array (batch_ids' output)."""
+    import pyarrow.compute as pc
+
+    if ids.null_count:
+        ids = pc.drop_null(ids)
+    return hash_ids(ids) if len(ids) else np.empty(0, np.uint64)
+
+
+def iter_id_batches(file: str, fmt: str, id_column: str | None) -> Any:
+    """(first row, Arrow batch) over a Parquet or CSV file, reading the id column alone."""
+    from jobrunner.io.fs import open_file
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with open_file(file) as f:
+            pf = pq.ParquetFile(f)
+            has = bool(id_column) and id_column in pf.schema_arrow.names
+            first = 0
+            for batch in pf.iter_batches(batch_size=1 << 16, columns=[id_column] if has else []):
+                yield first, batch
+                first += batch.num_rows
+        return
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    with open_file(file) as f:
+        header = pcsv.open_csv(f, read_options=pcsv.ReadOptions(block_size=1 << 16))
+        names = header.schema.names
+    has = bool(id_column) and id_column in names
+    types = {n: pa.string() for n in names}
+    convert = pcsv.ConvertOptions(
+        column_types=types, strings_can_be_null=False, include_columns=[id_column] if has else []
+    )
+    with open_file(file) as f:
+        first = 0
+        opts = pcsv.ReadOptions(block_size=1 << 20)
+        for batch in pcsv.open_csv(f, read_options=opts, convert_options=convert):
+            yield first, batch
+            first += batch.num_rows
+
+
+def committed(done: IdSet | set[str], ids: Sequence[str | None]) -> list[bool]:
+    """For each id, whether it is in `done` (None: never)."""
+    if not done:
+        return [False] * len(ids)
+    if not isinstance(done, IdSet):
+        return [i is not None and i in done for i in ids]
+    known = [k for k, i in enumerate(ids) if i is not None]
+    out = [False] * len(ids)
+    hits = done.contains([ids[k] for k in known])
+    for k, hit in zip(known, hits, strict=True):
+        out[k] = bool(hit)
+    return out

@@ -1,0 +1,356 @@
+"""The run directory on an object store (s3://, gs://, ...): no rename, so commits are records.
+
+Layout under the output URL:
+  results/part-NNNNN-<run>.parquet   one complete object per commit (one PUT or one completed
+                                     multipart upload: never visible in part)
+  errors/errors-NNNNN-<run>.jsonl    that commit's row errors, one object per commit
+  commits/NNNNNNNNNN.json            the commit records, numbered 0, 1, 2, ...
+  manifest.json, _SUCCESS, report.*, telemetry/   written after the records, for people and tools
+
+A commit writes its shard and its error object under names no other run uses, then creates the
+next commit record with a conditional write (If-None-Match: *). The records are the truth: a
+shard or error object that no record lists (a commit that failed or was killed before its
+record) is ignored, and deleted when the run succeeds. Two runs on one prefix cannot both append
+the same record number, so one history of commits exists: a run that loses the race stops
+(RunLocked) before it commits anything, and every row is committed exactly once.
+
+On a store without conditional writes (see fs.CONDITIONAL_CREATE) the record is written
+unconditionally after an existence check: one run at a time per prefix is then the user's promise,
+and a warning says so. Side files (reports, telemetry, the lock) are written to a local staging
+directory, `path`, and uploaded by `publish`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from jobrunner.errors import RunLocked, StoreError
+from jobrunner.formats import FORMATS
+from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
+from jobrunner.io.ids import IdSet, hash_ids
+from jobrunner.io.rundir import Manifest, fault
+from jobrunner.types import RowError
+
+log = logging.getLogger(__name__)
+# Tests only: `JOBRUNNER_FAULT_PUT=errors:2` fails the PUT of that object in the 2nd commit
+# (objects: shard, errors, record).
+FAULT_PUT_ENV = "JOBRUNNER_FAULT_PUT"
+STORE_OUTPUT_ENV = "JOBRUNNER_STORE_OUTPUT"  # experimental: open_rundir returns a StoreRunDir
+
+
+class StoreRunDir:
+    """RunDir's interface over an fsspec store (module doc)."""
+
+    def __init__(
+        self,
+        url: str,
+        fmt: str = "parquet",
+        error_record: Callable[[RowError], dict[str, Any]] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.fs, self.root = filesystem(self.url)
+        self.fmt = fmt
+        self.error_record = error_record or RowError.to_json
+        self.conditional = scheme(self.url) in CONDITIONAL_CREATE
+        self.path = staging_dir(self.url)
+        self.token = uuid.uuid4().hex[:8]  # names this run's objects: never another run's
+        self._shards: list[dict[str, Any]] = []  # {name, rows, failed} in commit order
+        self._errors: list[dict[str, Any]] = []  # {name, lines}
+        self._seq = -1  # the last commit record this process has read or written
+        self._head: dict[str, Any] | None = None  # the manifest of the last record holding one
+        self._error_places: set[tuple] = set()
+        self._commits = 0
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def _key(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def finished(self) -> bool:
+        done = self.fs.exists(self._key("_SUCCESS"))
+        if done:  # a rerun answers from the report, which may have been made elsewhere
+            self._fetch("report.json")
+        return done
+
+    def _fetch(self, name: str) -> None:
+        local = self.path / name
+        if not local.exists() and self.fs.exists(self._key(name)):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(self.fs.cat_file(self._key(name)))
+
+    @property
+    def has_errors(self) -> bool:
+        self._read_records()
+        return any(e["lines"] for e in self._errors)
+
+    def load_manifest(self) -> Manifest | None:
+        head = self._read_records()
+        return None if head is None else self._manifest(head)
+
+    def prepare(self) -> Manifest:
+        """Read the commit records: the shards and errors they list are the committed state."""
+        if not self.conditional:
+            log.warning(
+                "%s: this store has no conditional writes; run one job at a time on this prefix"
+                " (DESIGN.md, object stores)",
+                self.url,
+            )
+        self.path.mkdir(parents=True, exist_ok=True)
+        m = self.load_manifest() or Manifest(started_at=time.time())
+        self._error_places = {_place(e) for e in self.iter_errors() if e.get("id") is None}
+        return m
+
+    def recount(self, m: Manifest) -> None:
+        m.shards = [{"name": s["name"], "rows": s["rows"]} for s in self._shards]
+        m.counts["succeeded"] = sum(s["rows"] - s["failed"] for s in self._shards)
+        m.counts["failed"] = sum(e["lines"] for e in self._errors)
+        m.errors_bytes = 0
+
+    def shard_files(self) -> list[str]:
+        """URLs of the committed shards, in commit order."""
+        self._read_records()
+        return [f"{self.url}/results/{s['name']}" for s in self._shards]
+
+    def committed_idset(self) -> IdSet:
+        from jobrunner.io.rundir import read_id_array
+
+        chunks = [hash_ids(read_id_array(f)) for f in self.shard_files()]
+        errors = [str(e["id"]) for e in self.iter_errors() if e.get("id") is not None]
+        return IdSet.from_chunks([*chunks, hash_ids(errors) if errors else []])
+
+    def committed_ids(self) -> set[str]:
+        from jobrunner.io.rundir import read_column
+
+        ids = {r for f in self.shard_files() for r in read_column(f, "id")}
+        ids.update(str(e["id"]) for e in self.iter_errors() if e.get("id") is not None)
+        return ids
+
+    def iter_errors(self) -> Iterator[dict[str, Any]]:
+        for e in self._errors:
+            data = self.fs.cat_file(self._key("errors", e["name"]))
+            for line in data.decode("utf-8").splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+    # ---------------------------------------------------------------- commit
+
+    def save_manifest(self, m: Manifest) -> None:
+        """A record holding the manifest: claims the next number, so a concurrent run stops."""
+        self.recount(m)
+        self._append({"manifest": _head_fields(m)})
+        self._put(self._key("manifest.json"), json.dumps(m.to_json(), indent=1).encode(), None)
+
+    def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
+        self._commits += 1
+        n = self._seq + 1
+        errors = self._new_errors(errors)
+        entry: dict[str, Any] = {}
+        if errors:
+            lines = "".join(
+                json.dumps(self.error_record(e), ensure_ascii=False) + "\n" for e in errors
+            )
+            name = f"errors-{n:05d}-{self.token}.jsonl"
+            self._put(self._key("errors", name), lines.encode(), "errors")
+            entry["errors"] = {"name": name, "lines": len(errors)}
+        fault("after_errors", self._commits)
+        if records:
+            name = f"part-{n:05d}-{self.token}{FORMATS.get(self.fmt).suffix}"
+            self._put(self._key("results", name), _encode(records, self.fmt), "shard")
+            failed = sum(r["finish_reason"] == "error" for r in records)
+            entry["shard"] = {"name": name, "rows": len(records), "failed": failed}
+        fault("after_shard", self._commits)
+        if entry:
+            self._append(entry)
+        self.recount(m)
+        fault("after_manifest", self._commits)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        """Create commit record seq+1; RunLocked if another run created it first."""
+        seq = self._seq + 1
+        body = json.dumps({"seq": seq, "run": self.token, **entry}, sort_keys=True).encode()
+        try:
+            self._put(self._key("commits", f"{seq:010d}.json"), body, "record", create=True)
+        except FileExistsError as e:
+            self._discard(entry)
+            raise RunLocked(
+                f"{self.url} is being run by another jobrunner (commit {seq} was made by it);"
+                " rows it committed are kept: run this job again once it has stopped"
+            ) from e
+        self._seq = seq
+        self._apply(json.loads(body))
+
+    def _discard(self, entry: dict[str, Any]) -> None:
+        for kind, folder in (("shard", "results"), ("errors", "errors")):
+            if kind in entry:
+                self.fs.rm_file(self._key(folder, entry[kind]["name"]))
+
+    def _put(self, key: str, data: bytes, what: str | None, create: bool = False) -> None:
+        if what and os.environ.get(FAULT_PUT_ENV) == f"{what}:{self._commits}":
+            raise StoreError(f"{self.url}: injected failure of the {what} PUT ({FAULT_PUT_ENV})")
+        try:
+            if create and not self.conditional and self.fs.exists(key):
+                raise FileExistsError(key)
+            self.fs.pipe_file(
+                key, data, mode="create" if create and self.conditional else "overwrite"
+            )
+        except FileExistsError:
+            raise
+        except OSError as e:
+            raise StoreError(
+                f"{self.url}: writing {key.rsplit('/', 1)[-1]} failed ({e}); the commits before"
+                " it are kept: run the same command again to continue"
+            ) from e
+
+    def _new_errors(self, errors: list[RowError]) -> list[RowError]:
+        out = []
+        for e in errors:
+            place = _place(e.to_json())
+            if e.id is None and place in self._error_places:
+                continue
+            if e.id is None:
+                self._error_places.add(place)
+            out.append(e)
+        return out
+
+    def forget_failed(self, m: Manifest) -> int:
+        raise StoreError(
+            f"{self.url}: --retry-errors is not supported on object stores yet; run the failed"
+            " rows (listed in errors/) as a new job"
+        )
+
+    def mark_success(self, m: Manifest) -> None:
+        m.finished_at = time.time()
+        self.save_manifest(m)
+        self._write_errors_file()
+        self._put(self._key("_SUCCESS"), b"", None)
+        self._collect_garbage()
+
+    def _write_errors_file(self) -> None:
+        """errors.jsonl, every commit's errors in one object, as a local run has it."""
+        if not self._errors:
+            return
+        with self.fs.open(self._key("errors.jsonl"), "wb") as out:
+            for e in self._errors:
+                out.write(self.fs.cat_file(self._key("errors", e["name"])))
+
+    def _collect_garbage(self) -> None:
+        """Objects of failed commits: listed by no record, never read; gone once the run is done."""
+        listed = {s["name"] for s in self._shards} | {e["name"] for e in self._errors}
+        for folder in ("results", "errors"):
+            for key in self._list(folder):
+                if key.rsplit("/", 1)[-1] not in listed:
+                    self.fs.rm_file(key)
+
+    def publish(self) -> None:
+        """Upload the side files written to the staging directory (reports, telemetry)."""
+        for f in sorted(self.path.rglob("*")):
+            rel = f.relative_to(self.path).as_posix()
+            if f.is_file() and not rel.startswith("."):
+                self.fs.pipe_file(self._key(rel), f.read_bytes())
+
+    def clear(self) -> None:
+        """--restart: every object under the prefix goes."""
+        if self.fs.exists(self.root):
+            self.fs.rm(self.root, recursive=True)
+        self._shards, self._errors, self._seq = [], [], -1
+
+    # ---------------------------------------------------------------- records
+
+    def _read_records(self) -> dict[str, Any] | None:
+        """Apply the records after the last one read; returns the last manifest record."""
+        keys = [k for k in self._list("commits") if _seq(k) > self._seq]
+        if keys:
+            for _, data in sorted(self.fs.cat(keys).items(), key=lambda kv: _seq(kv[0])):
+                rec = json.loads(data)
+                if rec["seq"] != self._seq + 1:
+                    break  # a gap: a record still being written; read up to it
+                self._apply(rec)
+                self._seq = rec["seq"]
+        return self._head
+
+    def _apply(self, rec: dict[str, Any]) -> None:
+        if "shard" in rec:
+            self._shards.append(rec["shard"])
+        if "errors" in rec:
+            self._errors.append(rec["errors"])
+        if "manifest" in rec:
+            self._head = rec["manifest"]
+
+    def _manifest(self, head: dict[str, Any]) -> Manifest:
+        m = Manifest(**{k: v for k, v in head.items() if k in Manifest.__dataclass_fields__})
+        self.recount(m)
+        return m
+
+    def _list(self, folder: str) -> list[str]:
+        try:
+            return self.fs.ls(self._key(folder), detail=False)
+        except FileNotFoundError:
+            return []
+
+
+def staging_dir(url: str) -> Path:
+    """The local directory for a store run's side files (one per URL and machine)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "jobrunner" / "runs" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def _head_fields(m: Manifest) -> dict[str, Any]:
+    return {k: v for k, v in m.to_json().items() if k != "shards"}
+
+
+def _encode(records: list[dict[str, Any]], fmt: str) -> bytes:
+    """A shard's bytes: written locally first, so the store gets one complete object."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="jobrunner-shard-") as d:
+        shards = FORMATS.get(fmt)
+        tmp = Path(d) / f"shard{shards.suffix}"
+        shards.write(records, tmp)
+        return tmp.read_bytes()
+
+
+def _seq(key: str) -> int:
+    name = key.rsplit("/", 1)[-1]
+    return int(name.split(".")[0]) if name.split(".")[0].isdigit() else -1
+
+
+def _place(e: dict[str, Any]) -> tuple:
+    return (e.get("file"), e.get("row"))
+
+
+def open_rundir(
+    path: str | Path,
+    fmt: str = "parquet",
+    error_record: Callable[[RowError], dict[str, Any]] | None = None,
+):
+    """The run directory at `path`: a local RunDir, or a StoreRunDir for a store URL."""
+    from jobrunner.io.fs import is_remote, local_path
+    from jobrunner.io.rundir import RunDir
+
+    if not is_remote(str(path)):
+        return RunDir(local_path(str(path)), fmt, error_record)
+    from jobrunner.errors import ConfigError
+
+    if fmt not in ("parquet", "jsonl") or error_record is not None:
+        raise ConfigError(f"output.path {path}: object stores take output.format parquet or jsonl")
+    if os.environ.get(STORE_OUTPUT_ENV) != "1":
+        # The commit protocol is tested on its own; opening a run (resume.py: input identity,
+        # row digests, strays) does not take a store run directory yet.
+        raise ConfigError(
+            f"output.path {path}: run directories on object stores are not enabled yet; write"
+            f" to a local output.path (set {STORE_OUTPUT_ENV}=1 to try it)"
+        )
+    return StoreRunDir(str(path), fmt, error_record)

@@ -1,0 +1,123 @@
+"""Corpora and run directories in an object store, against a real S3 API server (moto)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobrunner.io import fs as store
+
+
+def put_parquet(url: str, rows: list[dict]) -> None:
+    f, p = store.filesystem(url)
+    with f.open(p, "wb") as out:
+        pq.write_table(pa.Table.from_pylist(rows), out)
+
+
+def test_glob_and_read_from_s3(s3_env):
+    put_parquet(f"{s3_env}/in/a.parquet", [{"id": "a", "prompt": "x"}])
+    put_parquet(f"{s3_env}/in/b.parquet", [{"id": "b", "prompt": "y"}])
+    assert store.glob_files(f"{s3_env}/in/*.parquet") == [
+        f"{s3_env}/in/a.parquet",
+        f"{s3_env}/in/b.parquet",
+    ]
+    assert store.glob_files(f"{s3_env}/in") == store.glob_files(f"{s3_env}/in/*.parquet")
+    with store.open_file(f"{s3_env}/in/b.parquet") as f:
+        assert pq.read_table(f).to_pylist() == [{"id": "b", "prompt": "y"}]
+
+
+def test_scan_and_read_rows_from_s3(s3_env):
+    from jobrunner.config import JobConfig
+    from jobrunner.formats import read_rows
+    from jobrunner.resume import scan_ids
+
+    put_parquet(f"{s3_env}/in/a.parquet", [{"id": f"a{i}", "prompt": "x"} for i in range(3)])
+    f, p = store.filesystem(f"{s3_env}/in/b.jsonl")
+    f.pipe_file(p, b'{"id": "b0", "prompt": "y"}\n{"id": "a1", "prompt": "z"}\n')
+    cfg = JobConfig.model_validate({"input": {"path": f"{s3_env}/in/a.parquet"}})
+    assert scan_ids(cfg) == (3, {})
+    assert [r.values["id"] for r in read_rows(f"{s3_env}/in/b.jsonl")] == ["b0", "a1"]
+
+
+# ------------------------------------------------------------------ the commit protocol
+
+
+def _rec(i: int, reason: str = "stop") -> dict:
+    return {"id": f"r{i}", "completion": "c", "finish_reason": reason, "prompt_tokens": 1}
+
+
+def _err(i: int):
+    from jobrunner.types import RowError, RowRef
+
+    return RowError("nan_logits", "the logits were NaN", RowRef("in.jsonl", i), f"r{i}")
+
+
+def test_store_commits_are_records_and_resume_reads_them(s3_env):
+    from jobrunner.io.store_rundir import StoreRunDir
+
+    url = f"{s3_env}/run"
+    rd = StoreRunDir(url, "parquet")
+    m = rd.prepare()
+    rd.save_manifest(m)
+    rd.commit(m, [_rec(0), _rec(1, "error")], [_err(1)])
+    rd.commit(m, [_rec(2)], [])
+    assert m.counts == {"succeeded": 2, "failed": 1}
+    again = StoreRunDir(url, "parquet")
+    m2 = again.prepare()
+    assert m2.counts == {"succeeded": 2, "failed": 1} and len(m2.shards) == 2
+    assert again.committed_ids() == {"r0", "r1", "r2"}
+    done = again.committed_idset()
+    assert len(done) == 3 and "r2" in done and "r3" not in done
+    assert [e["id"] for e in again.iter_errors()] == ["r1"]
+    again.save_manifest(m2)
+    again.mark_success(m2)
+    fs, root = store.filesystem(url)
+    assert fs.exists(f"{root}/_SUCCESS") and fs.exists(f"{root}/errors.jsonl")
+    assert StoreRunDir(url).finished
+
+
+def test_a_second_run_on_the_prefix_cannot_commit(s3_env):
+    import pytest
+
+    from jobrunner.errors import RunLocked
+    from jobrunner.io.store_rundir import StoreRunDir
+
+    url = f"{s3_env}/run"
+    a, b = StoreRunDir(url), StoreRunDir(url)
+    ma, mb = a.prepare(), b.prepare()
+    a.save_manifest(ma)  # a claims the next record; b read the prefix before that
+    with pytest.raises(RunLocked, match="another jobrunner"):
+        b.save_manifest(mb)
+    a.commit(ma, [_rec(0)], [])
+    c = StoreRunDir(url)  # a later run takes over: a's next commit is refused, nothing is lost
+    mc = c.prepare()
+    c.save_manifest(mc)
+    with pytest.raises(RunLocked):
+        a.commit(ma, [_rec(1)], [])
+    assert StoreRunDir(url).committed_ids() == {"r0"}
+    fs, root = store.filesystem(url)
+    assert [p.rsplit("/", 1)[-1][:10] for p in fs.ls(f"{root}/results")] == ["part-00001"]
+
+
+def test_a_failed_put_mid_commit_keeps_the_earlier_commits(s3_env, monkeypatch):
+    import pytest
+
+    from jobrunner.errors import StoreError
+    from jobrunner.io.store_rundir import FAULT_PUT_ENV, StoreRunDir
+
+    url = f"{s3_env}/run"
+    rd = StoreRunDir(url)
+    m = rd.prepare()
+    rd.commit(m, [_rec(0)], [])
+    monkeypatch.setenv(FAULT_PUT_ENV, "shard:2")  # the errors object of commit 2 is written
+    with pytest.raises(StoreError, match="injected"):
+        rd.commit(m, [_rec(1), _rec(2, "error")], [_err(2)])
+    monkeypatch.delenv(FAULT_PUT_ENV)
+    again = StoreRunDir(url)
+    m2 = again.prepare()
+    assert again.committed_ids() == {"r0"} and list(again.iter_errors()) == []
+    again.commit(m2, [_rec(1), _rec(2, "error")], [_err(2)])
+    again.mark_success(m2)
+    fs, root = store.filesystem(url)
+    assert len(fs.ls(f"{root}/errors")) == 1  # the failed commit's errors object is collected
+    assert StoreRunDir(url).committed_ids() == {"r0", "r1", "r2"}
