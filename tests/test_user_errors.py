@@ -69,7 +69,8 @@ def test_a_refused_template_field_is_a_configuration_error(tmp_path):
     job = job_file(tmp_path, [{"id": "a", "prompt": "x"}], input={"prompt": {"template": "{a.b}"}})
     code, summary = cli("run", str(job))
     assert code == 78
-    assert summary["error"].startswith("input.prompt.template: template field {a.b}")
+    # the job file first, then the key and what is wrong with it
+    assert summary["error"].startswith(f"{job}: input.prompt.template: template field {{a.b}}")
 
 
 def test_the_summary_holds_the_whole_message(tmp_path):
