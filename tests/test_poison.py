@@ -90,15 +90,20 @@ def test_every_bad_row_explained_every_good_row_done(tmp_path, monkeypatch, engi
     for e in errors:
         assert e["file"] == str(tmp_path / "poison.jsonl")
         assert f"line {e['line']}" in e["message"]
-    assert (out / "_SUCCESS").exists()  # every row reached a terminal state
+    # Every row reached a terminal state, but the job failed: its outcome is in the manifest,
+    # and _SUCCESS (written only for exit 0) is absent, so no file sensor takes it for done.
+    assert not (out / "_SUCCESS").exists()
+    assert json.loads((out / "manifest.json").read_text())["outcome"]["exit_code"] == 65
     report = json.loads((out / "report.json").read_text())
     assert (report["rows"]["succeeded"], report["rows"]["failed"]) == (6, 12)
 
     # Reruns of the finished job answer with its outcome under the rate asked for.
     r, summary = run(job, "--set", "input.max_error_rate=0.7")
     assert (r.exit_code, summary["status"]) == (0, "nothing_to_do"), r.output
+    assert (out / "_SUCCESS").exists()
     r, _ = run(job)
     assert r.exit_code == 65, r.output
+    assert not (out / "_SUCCESS").exists()
 
 
 def test_too_long_prompt_is_truncated_when_asked(tmp_path, monkeypatch):
