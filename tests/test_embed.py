@@ -155,3 +155,29 @@ def test_batches_are_length_sorted_under_the_budgets():
     batches = length_batches(reqs, max_tokens=12, max_seqs=3)
     assert [[r.num_prompt_tokens for r in b] for b in batches] == [[1, 2, 3], [5], [9], [9]]
     assert length_runs([2, 2, 3, 5, 5, 5]) == [(0, 2, 2), (4, 1, 3), (7, 3, 5)]
+
+
+def test_a_cut_input_keeps_its_special_tokens_as_sentence_transformers_does(minilm):
+    """input.on_too_long: truncate_right cuts the text, not the tokenizer's closing [SEP]:
+    the vector equals sentence-transformers' own truncation at max_seq_length (256)."""
+    from sentence_transformers import SentenceTransformer
+
+    from jobrunner.io.readers import RawRow
+    from jobrunner.prep.embed import EmbedPreparer
+    from jobrunner.types import RowRef
+
+    texts = [" ".join(mixed_texts(12, seed=2)), "a short text"]
+    cfg = embed_cfg(input={"prompt": {"column": "text"}, "on_too_long": "truncate_right"})
+    prep = EmbedPreparer(cfg, minilm.tokenizer)
+    rows = [RawRow({"id": str(i), "text": t}, RowRef("in.jsonl", i)) for i, t in enumerate(texts)]
+    reqs = prep.prepare_batch(rows)
+    assert len(minilm.tokenizer(texts[0])["input_ids"]) > 256  # the long one is cut
+    assert reqs[0].prompt_token_ids[-1] == minilm.tokenizer.sep_token_id
+    assert len(reqs[0].prompt_token_ids) == 256
+    engine = make_engine(minilm, embed_cfg())
+    got = {r.id: r for r in engine.generate(reqs)}
+    ours = torch.tensor([got[str(i)].embedding for i in range(len(texts))])
+    ref = SentenceTransformer(minilm.weights_dir, device="cpu").encode(
+        texts, convert_to_tensor=True
+    )
+    assert cosine_distance(ours, ref).max().item() < MAX_COSINE_DISTANCE

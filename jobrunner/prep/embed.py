@@ -41,9 +41,10 @@ class EmbedPreparer(Preparer):
         )
         self.sampling = EMBED_SAMPLING
         self.limit = max_input_tokens(cfg, tokenizer)
+        self.span = special_span(tokenizer) if self.renderer.adds_special_tokens else (0, 0)
 
     def _request(self, row_id, raw, text, ids, sampling=None) -> Request | RowError:
-        ids = fit_tokens(ids, self.limit, self.cfg.input.on_too_long)
+        ids = fit_tokens(ids, self.limit, self.cfg.input.on_too_long, self.span)
         if isinstance(ids, str):
             field = self.cfg.input.prompt.column
             return RowError("too_long", f"{raw.source}: {ids}", raw.source, row_id, field)
@@ -53,8 +54,22 @@ class EmbedPreparer(Preparer):
         return req
 
 
-def fit_tokens(ids: list[int], limit: int, policy: str) -> list[int] | str:
-    """The ids within `limit` (cut as input.on_too_long says), or the error's message."""
+def special_span(tokenizer: Any) -> tuple[int, int]:
+    """How many special tokens the tokenizer puts before and after a text (BERT: [CLS] and
+    [SEP], 1 and 1; SmolLM2: 0 and 0): a cut input keeps them, as the model saw in training."""
+    marked = list(tokenizer("a")["input_ids"])
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    for head in range(len(marked) - len(plain) + 1):
+        if plain and marked[head : head + len(plain)] == plain:
+            return head, len(marked) - head - len(plain)
+    return 0, 0
+
+
+def fit_tokens(
+    ids: list[int], limit: int, policy: str, span: tuple[int, int] = (0, 0)
+) -> list[int] | str:
+    """The ids within `limit` (cut as input.on_too_long says, keeping the `span` of special
+    tokens at each end), or the error's message."""
     if len(ids) <= limit:
         return ids
     if policy == "error":
@@ -62,4 +77,10 @@ def fit_tokens(ids: list[int], limit: int, policy: str) -> list[int] | str:
             f"the input has {len(ids)} tokens; this model embeds at most {limit} (set"
             " input.on_too_long to truncate_right or truncate_left to cut it)"
         )
-    return ids[-limit:] if policy == "truncate_left" else ids[:limit]
+    head, tail = span
+    if head + tail >= limit or head + tail >= len(ids):
+        head = tail = 0
+    body = ids[head : len(ids) - tail]
+    room = limit - head - tail
+    body = body[-room:] if policy == "truncate_left" else body[:room]
+    return ids[:head] + body + ids[len(ids) - tail :]

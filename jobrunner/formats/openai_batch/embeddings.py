@@ -19,7 +19,7 @@ from typing import Any
 
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
 from jobrunner.formats.openai_batch.read import BatchLineError
-from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens
+from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens, special_span
 from jobrunner.prep.render import RenderError
 from jobrunner.types import Request, RowError
 
@@ -46,6 +46,7 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)
         self.limit = max_input_tokens(cfg, tokenizer)
+        self.span = special_span(tokenizer)  # texts get the tokenizer's special tokens
 
     def result_ids(self, row_id: str, raw) -> list[str]:
         """A line of several inputs ends as `<custom_id>#<index>` rows (or, failed, as its
@@ -100,7 +101,8 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
             where = "body.input" if line.single else f"body.input[{i}]"
             if any(t >= vocab for t in ids):
                 return "bad_body", f"{where} holds token ids outside the vocabulary (size {vocab})"
-            fitted = fit_tokens(ids, self.limit, self.cfg.input.on_too_long)
+            span = self.span if line.texts else (0, 0)  # token ids are embedded as given
+            fitted = fit_tokens(ids, self.limit, self.cfg.input.on_too_long, span)
             if isinstance(fitted, str):
                 return "too_long", f"{where}: {fitted}"
             line.inputs[i] = fitted
