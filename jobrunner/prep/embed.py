@@ -57,6 +57,8 @@ class EmbedPreparer(Preparer):
 def special_span(tokenizer: Any) -> tuple[int, int]:
     """How many special tokens the tokenizer puts before and after a text (BERT: [CLS] and
     [SEP], 1 and 1; SmolLM2: 0 and 0): a cut input keeps them, as the model saw in training."""
+    if tokenizer is None:  # the id scan builds preparers without a tokenizer
+        return 0, 0
     marked = list(tokenizer("a")["input_ids"])
     plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
     for head in range(len(marked) - len(plain) + 1):
