@@ -346,8 +346,8 @@ def _embeddings_batch(section: Any, base: Path) -> bool:
         with open(base / Path(path).expanduser(), encoding="utf-8") as f:
             first = next((line for line in f if line.strip()), "")
         return json.loads(first).get("url") == "/v1/embeddings"
-    except (OSError, ValueError, AttributeError):
-        return False
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False  # not a batch line: the reader names the row's fault
 
 
 def apply_override(data: dict, item: str) -> tuple[str, ...]:

@@ -160,6 +160,18 @@ def test_hostile_jsonl_rows_each_end_in_results_or_errors(
     assert_each_row_once(code, summary, out, n_rows)
 
 
+def test_a_first_line_nested_too_deeply_is_that_rows_error(echo_engine, tmp_path):
+    # The first line is read once before the run (is this an embeddings batch?): that look
+    # must not crash on it either.
+    inp = tmp_path / "in.jsonl"
+    deep = "[" * 5000 + "]" * 5000
+    inp.write_text(f'{{"id": "deep", "prompt": "x", "v": {deep}}}\n{{"id": "ok", "prompt": "y"}}\n')
+    code, summary, out = run_job(tmp_path, inp)
+    assert_each_row_once(code, summary, out, 2)
+    _, errors = outcomes(out)
+    assert [e["code"] for e in errors] == ["too_complex"]
+
+
 @pytest.mark.parametrize("template", ["{prompt:>5d}", "{prompt!r:^12}", "{prompt:.3f}"])
 def test_a_value_that_does_not_fit_the_templates_format_spec_is_a_row_error(
     echo_engine, tmp_path, template
