@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
+from jobrunner.engine.loader import cpu_has_amx, load_tokenizer, local_dir_or_gguf
+from jobrunner.formats import make_preparer, read_rows
+from jobrunner.io.writers import write_text_atomic
+from jobrunner.prep.stream import dedup_key
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import api_equivalent, api_prices, device_rate, price_warnings
 from jobrunner.telemetry.profile import DeviceProfile, load_profile, profile_key, record
@@ -48,8 +52,6 @@ class Scan:
 
 
 def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int = 0) -> Scan:
-    from jobrunner.formats import make_preparer, read_rows
-    from jobrunner.prep.stream import dedup_key
 
     s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), set()
     preparer = make_preparer(cfg, tokenizer)
@@ -110,7 +112,6 @@ def _reservoir(sample: list, item: Any, n_seen: int, size: int, rng: random.Rand
 
 
 def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
-    from jobrunner.engine.loader import load_tokenizer
 
     scan = scan_input(cfg, load_tokenizer(cfg.model), sample_size=calibrate)
     device = detect_device()
@@ -254,7 +255,6 @@ def calibrate_run(cfg: JobConfig, sample: list[Any], key: str) -> float:
 
 def model_size(cfg: JobConfig) -> tuple[int, int]:
     """(parameters, bytes per parameter at run time), read from headers, not weights."""
-    from jobrunner.engine.loader import local_dir_or_gguf
 
     where = Path(local_dir_or_gguf(cfg.model))
     n = sum(_safetensors_params(f) for f in where.glob("*.safetensors")) if where.is_dir() else 0
@@ -271,8 +271,6 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
 def compute_dtype_bytes(cfg: JobConfig) -> int:
     """Bytes of one activation (and KV-cache value, under kv_cache_dtype: auto)."""
     if cfg.model.dtype == "auto" and detect_device().kind == "cpu":
-        from jobrunner.engine.loader import cpu_has_amx
-
         return 2 if cpu_has_amx() else 4
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2)
 
@@ -282,7 +280,6 @@ def kv_bytes_per_token(cfg: JobConfig) -> int:
     the model's dtype, or model.kv_cache_dtype (16 bits; 8-bit codes plus a scale per head)."""
     import torch
 
-    from jobrunner.engine.loader import local_dir_or_gguf
     from jobrunner.engine.paged.kv_cache import kv_bytes_per_token as cache_bytes
 
     dtype = {4: torch.float32, 2: torch.bfloat16}[compute_dtype_bytes(cfg)]
@@ -329,7 +326,6 @@ def _config_params(where: Path) -> int:
 
 
 def save_estimate(cfg: JobConfig, est: dict[str, Any]) -> Path:
-    from jobrunner.io.writers import write_text_atomic
 
     out = Path(cfg.output.path)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobrunner.errors import ConfigError, InputDataError
+from jobrunner.io.writers import write_text_atomic
+
 KEEP_FRACTION = 0.05  # of the linear layers, the most sensitive, besides lm_head
 MAX_ROWS = 512  # captured input rows per layer (a seeded subsample of the prompt tokens)
 
@@ -86,7 +89,6 @@ def run_check(
     from jobrunner.engine.loader import load_model
     from jobrunner.engine.quant import QUANTIZERS, check_quantization, linear_names
     from jobrunner.engine.quant.sample import sample_requests
-    from jobrunner.errors import ConfigError, InputDataError
 
     mode = quantization or (cfg.model.quantization if cfg.model.quantization != "none" else "int8")
     if mode not in QUANTIZERS or mode == "none":
@@ -141,7 +143,6 @@ def write_plan(job_file: Path, target: Path, mode: str, plan: list[str]) -> None
     import yaml
 
     from jobrunner.config import relocate_paths
-    from jobrunner.io.writers import write_text_atomic
 
     data = yaml.safe_load(job_file.read_text(encoding="utf-8")) or {}
     relocate_paths(data, job_file, target)  # relative paths name the same files from there

@@ -41,6 +41,10 @@ class Registry(Generic[T]):
         """Register `"module:attr"`, imported when `name` is first looked up."""
         self._lazy[name] = target
 
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+        self._lazy.pop(name, None)
+
     def get(self, name: str) -> T:
         """The object registered as `name`; a ConfigError naming the known names otherwise."""
         if name in self._lazy:

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
+from jobrunner.engine.loader import load_tokenizer
 from jobrunner.errors import ConfigError, InputDataError
-from jobrunner.formats import read_rows
+from jobrunner.formats import make_preparer, read_rows
+from jobrunner.resume import describe_duplicates, scan_ids
 from jobrunner.types import RowError
 
 MAX_SHOWN = 20
@@ -18,10 +20,6 @@ MAX_SHOWN = 20
 def validate_job(cfg: JobConfig) -> dict[str, Any]:
     """Summary of rows, tokens and errors; raises InputDataError over the error budget."""
     import sys
-
-    from jobrunner.engine.loader import load_tokenizer
-    from jobrunner.formats import make_preparer
-    from jobrunner.resume import describe_duplicates, scan_ids
 
     output = check_output(cfg)
     total, duplicates = scan_ids(cfg)

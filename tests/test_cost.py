@@ -23,6 +23,7 @@ from jobrunner.telemetry.prices import (
     device_rate,
     price_warnings,
 )
+from jobrunner.telemetry.record import RunRecord
 from jobrunner.telemetry.throughput import StepModel, fit_step_model
 from jobrunner.types import FinishReason, Result, Usage
 
@@ -113,7 +114,7 @@ def test_rows_add_up_to_the_job_total_and_the_wall_time(rows, load, usd_per_hour
 def test_step_time_is_split_by_work_and_phases_add_up_to_wall():
     step = {"step_seconds": 2.0, "prefill_tokens": 8, "decode_tokens": 2}
     assert split_step(step) == pytest.approx({"prefill": 2.0 * 8 / 10, "decode": 2.0 * 2 / 10})
-    run = {"wall_seconds": 10.0, "load_seconds": 3.0, "engine_seconds": 5.0}
+    run = RunRecord(wall_seconds=10.0, load_seconds=3.0, engine_seconds=5.0)
     phases = run_phases(run, [step, {"step_seconds": 1.0, "prefill_tokens": 0, "decode_tokens": 3}])
     assert phases["decode"] == pytest.approx(0.4 + 1.0)
     assert phases["engine"] == pytest.approx(2.0)

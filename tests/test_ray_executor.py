@@ -24,6 +24,7 @@ from jobrunner.executors.ray_blocks import (
 )
 from jobrunner.io.rundir import RunDir
 from jobrunner.pipeline import RunOptions
+from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
 from jobrunner.types import RowError, RowRef
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,6 +160,37 @@ def test_one_worker_per_gpu_else_one_per_cpus_per_worker():
 # ------------------------------------------------------------ a real cluster, the real model
 
 
+def test_landed_blocks_merge_into_one_run_record_with_each_workers_timelines():
+    from jobrunner.executors.ray import Landed
+    from jobrunner.executors.ray_blocks import Plan
+
+    def meta(worker, block, rows, steps):
+        rec = {"job": "j", "engine": "static", "steps": steps, "device_count": 1, "notes": []}
+        step = {"t": 1.0, "num_running": 1, "worker": worker}
+        sample = {"t": 1.0, "device": f"{worker} host", "util_percent": 50.0}
+        return {
+            "block": block,
+            "rows": rows,
+            "cost_usd": 0.5,
+            "worker": worker,
+            "record": rec,
+            "steps": [step],
+            "samples": [sample],
+        }
+
+    landed = Landed()
+    for m in (meta("w1", 0, 4, 3), meta("w2", 1, 4, 2), meta("w1", 2, 1, 5)):
+        landed.add(m)
+    rec = landed.record(JobConfig(), Plan(skipped=2), wall=9.0)
+    assert (rec.executor, rec.wall_seconds, rec.skipped, landed.rows) == ("ray", 9.0, 2, 9)
+    assert rec.steps == 5 + 2  # each worker's latest counters, summed
+    assert [(w["worker"], w["rows"], w["blocks"]) for w in rec.workers] == [
+        ("w1", 5, 2),
+        ("w2", 4, 1),
+    ]
+    assert {s["worker"] for s in landed.steps} == {"w1", "w2"}
+
+
 @pytest.fixture(scope="module")
 def cluster():
     ray = pytest.importorskip("ray")
@@ -172,15 +204,27 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def local_results(input_file, tmp_path_factory) -> dict[str, tuple]:
+def local_run(input_file, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("local") / "run"
     assert run(job(input_file, out, executor="local")).status == "done"
-    return results(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_results(local_run) -> dict[str, tuple]:
+    return results(local_run)
+
+
+def sections(out: Path) -> tuple[list[str], list[str]]:
+    """report.json's keys and report.md's headings."""
+    report = json.loads((out / "report.json").read_text())
+    md = (out / "report.md").read_text().splitlines()
+    return sorted(report), [line for line in md if line.startswith("#")]
 
 
 @pytest.mark.slow
 def test_ray_run_equals_local_run_and_reports_each_worker(
-    cluster, input_file, local_results, tmp_path
+    cluster, input_file, local_run, local_results, tmp_path
 ):
     out = tmp_path / "run"
     summary = run(job(input_file, out))
@@ -200,6 +244,13 @@ def test_ray_run_equals_local_run_and_reports_each_worker(
     report = json.loads((out / "report.json").read_text())
     assert report["cost"]["cost_usd"] == pytest.approx(sum(w["cost_usd"] for w in rec["workers"]))
     assert report["workers"] == rec["workers"]
+    assert sections(out)[0] == sections(local_run)[0]  # the same report as a local run
+    assert sections(out)[1][1:] == sections(local_run)[1][1:]  # (the title names the job)
+    workers = {w["worker"] for w in rec["workers"]}
+    steps = read_timeline(out, STEPS_FILE)
+    assert steps and {s["worker"] for s in steps} == workers  # each worker's step timeline
+    devices = {s["device"].split(" ")[0] for s in read_timeline(out, DEVICE_FILE)}
+    assert devices == workers  # and its device samples
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert run(job(input_file, out)).status == "nothing_to_do"  # promise 8, no cluster needed
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -13,6 +13,7 @@ from itertools import islice
 
 from jobrunner.engine.base import Engine
 from jobrunner.engine.finish import error_result, make_result
+from jobrunner.engine.sampling import sample_row
 from jobrunner.types import Request, Result
 
 
@@ -172,8 +173,6 @@ class RowSampler:
 
     def __call__(self, input_ids, scores):  # scores: (B, V)
         import torch
-
-        from jobrunner.engine.sampling import sample_row
 
         out = torch.full_like(scores, float("-inf"))
         for i, (p, g) in enumerate(zip(self.params, self.gens, strict=True)):

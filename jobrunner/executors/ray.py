@@ -18,13 +18,14 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import ray  # not installed: executors.run_with_executor says how to install it
 
 from jobrunner.config import JobConfig
-from jobrunner.errors import ConfigError, Interrupted
+from jobrunner.errors import ConfigError, JobError
 from jobrunner.executors.ray_blocks import (
     Plan,
     claim_run,
@@ -35,14 +36,17 @@ from jobrunner.executors.ray_blocks import (
     next_run_tag,
     plan_blocks,
 )
-from jobrunner.formats import output_format
+from jobrunner.executors.ray_worker import BlockWorker
 from jobrunner.io.fs import is_remote
 from jobrunner.io.rundir import Manifest, RunDir
-from jobrunner.pipeline import JobSummary, RunOptions, finish_run
-from jobrunner.resume import check_same_job, open_run
-from jobrunner.signals import SignalLatch, raise_on_signal
+from jobrunner.lifecycle import JobSummary, OpenRun, RunOptions, execute
+from jobrunner.signals import raise_on_signal
 from jobrunner.telemetry.device import cpu_count, detect_device
-from jobrunner.telemetry.report import ENGINE_COUNTERS, write_reports
+from jobrunner.telemetry.progress import Progress
+from jobrunner.telemetry.record import RunRecord
+from jobrunner.telemetry.run import save_timelines
+from jobrunner.telemetry.sampler import energy_kwh
+from jobrunner.telemetry.timeline import telemetry_dir
 
 log = logging.getLogger(__name__)
 
@@ -50,50 +54,40 @@ FAULT_ENV = "JOBRUNNER_RAY_FAULT_MARKER"  # tests only: see BlockWorker._fault_h
 
 
 def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
-    out = output_format(cfg.output.format)
     if is_remote(cfg.output.path):
         raise ConfigError(
             f"output.path {cfg.output.path}: executor ray writes a local run directory; object"
             " stores take executor local (docs/DESIGN.md, object stores)"
         )
-    rundir = RunDir(cfg.output.path, out.shard_format, out.error_record)
-    if rundir.finished and not opts.restart and not (opts.retry_errors and rundir.has_errors):
-        check_same_job(rundir, cfg)  # as the local executor: a changed job is refused (78)
-        return finish_run(cfg, rundir, None)
-    with raise_on_signal(_interrupted) as stop, open_run(rundir, cfg, opts) as (manifest, _, _n):
-        return _run(cfg, rundir, manifest, opts, stop)
+    return execute(cfg, opts, _run)
 
 
-def _run(
-    cfg: JobConfig, rundir: RunDir, manifest: Manifest, opts: RunOptions, stop: SignalLatch
-) -> JobSummary:
+def _run(run: OpenRun) -> tuple[int, bool]:
+    """Every pending block through the pool; (rows committed, stopped). Appends the run record."""
     t0 = time.monotonic()
-    if opts.restart:
+    cfg, rundir, manifest, landed = run.cfg, run.rundir, run.manifest, Landed()
+    if run.opts.restart:
         clear_fragments(rundir)
     tag = next_run_tag(rundir)
     claim_run(rundir, tag)  # from here, workers of an earlier driver can no longer commit
     merge_errors(rundir, manifest, [], fragment_files(rundir))  # a crashed run's leftovers
     plan = plan_blocks(cfg, rundir.committed_ids(), cfg.ray.block_rows)
-    metas: list[dict[str, Any]] = []
     interrupted = False
     if plan.blocks:
         started = _connect(cfg)
+        progress = Progress(plan.rows, max_new_tokens=cfg.generation.max_new_tokens)
         try:
-            stop.reraise()  # a signal during ray.init whose exception Ray swallowed
-            interrupted = _execute(cfg, rundir, manifest, plan, tag, metas)
+            run.stop.reraise()  # a signal during ray.init whose exception Ray swallowed
+            interrupted = _execute(cfg, rundir, manifest, plan, tag, landed, progress)
         finally:
+            progress.close()
             if started:
                 ray.shutdown()
     merge_errors(rundir, manifest, plan.errors, fragment_files(rundir))
-    _record_run(manifest, cfg, plan, metas, time.monotonic() - t0)
-    rundir.save_manifest(manifest)
-    if interrupted:
-        write_reports(rundir)
-        raise Interrupted(
-            f"interrupted: the committed blocks are kept in {rundir.path}; run the"
-            " same command again to continue"
-        )
-    return finish_run(cfg, rundir, manifest)
+    run_index = len(manifest.runs)
+    landed.save_timelines(rundir, run_index)
+    manifest.runs.append(landed.record(cfg, plan, time.monotonic() - t0).to_json())
+    return landed.rows, interrupted
 
 
 # ------------------------------------------------------------------ the cluster
@@ -130,12 +124,26 @@ def _execute(
     manifest: Manifest,
     plan: Plan,
     tag: str,
-    metas: list[dict[str, Any]],
+    landed: Landed,
+    progress: Progress,
 ) -> bool:
     """Stream the blocks through the worker pool; record each block as it lands. True if stopped."""
-    import ray.data
+    rows = iter(_dataset(cfg, rundir, plan, tag).iter_rows())
+    try:
+        with raise_on_signal(_stopped) as stopped:
+            for row in rows:
+                _land(rundir, manifest, tag, json.loads(row["meta"]), landed, progress)
+            stopped.reraise()  # a signal Ray's iterator swallowed still stops the run
+    except _Stopped:
+        return True
+    finally:
+        getattr(rows, "close", lambda: None)()  # shuts the pipeline and its workers down
+    return False
 
-    from jobrunner.executors.ray_worker import BlockWorker
+
+def _dataset(cfg: JobConfig, rundir: RunDir, plan: Plan, tag: str):
+    """The blocks mapped through a pool of BlockWorkers sized to the cluster."""
+    import ray.data
 
     workers, cpus, gpus = pool_size(cfg, ray.cluster_resources())
     workers = min(workers, len(plan.blocks))
@@ -149,7 +157,7 @@ def _execute(
     )
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    ds = ray.data.from_items(plan.blocks, override_num_blocks=len(plan.blocks)).map_batches(
+    return ray.data.from_items(plan.blocks, override_num_blocks=len(plan.blocks)).map_batches(
         BlockWorker,
         batch_size=1,
         batch_format="pyarrow",
@@ -165,17 +173,6 @@ def _execute(
             "fault_marker": os.environ.get(FAULT_ENV),
         },
     )
-    rows = iter(ds.iter_rows())
-    try:
-        with raise_on_signal(_stopped) as stopped:
-            for row in rows:
-                _land(rundir, manifest, tag, json.loads(row["meta"]), metas, plan.rows)
-            stopped.reraise()  # a signal Ray's iterator swallowed still stops the run
-    except _Stopped:
-        return True
-    finally:
-        getattr(rows, "close", lambda: None)()  # shuts the pipeline and its workers down
-    return False
 
 
 def _land(
@@ -183,11 +180,15 @@ def _land(
     manifest: Manifest,
     tag: str,
     meta: dict[str, Any],
-    metas: list[dict[str, Any]],
-    total: int,
+    landed: Landed,
+    progress: Progress,
 ) -> None:
     """A committed block: into manifest.json, its error fragment into errors.jsonl."""
-    metas.append(meta)
+    if "failure" in meta:  # a worker could not start (the quality gate): the job's answer
+        err = JobError(meta["failure"]["message"])
+        err.exit_code = meta["failure"]["exit_code"]
+        raise err
+    landed.add(meta)
     if meta["shard"] and all(s["name"] != meta["shard"] for s in manifest.shards):
         manifest.shards.append({"name": meta["shard"], "rows": meta["rows"]})
         ok = meta["succeeded"] if meta["succeeded"] is not None else meta["rows"]
@@ -196,14 +197,8 @@ def _land(
     if fragment.exists():  # most blocks have no failed rows
         merge_errors(rundir, manifest, [], [fragment])
     rundir.save_manifest(manifest)
-    done = sum(m["rows"] for m in metas)
-    log.info(
-        "ray: block %d committed by %s (%d/%d rows)",
-        meta["block"],
-        meta["worker"]["worker"],
-        done,
-        total,
-    )
+    progress.add(meta["rows"], meta.get("completion_tokens", 0))
+    log.debug("ray: block %d committed by %s", meta["block"], meta["worker"])
 
 
 def _worker_cfg(cfg: JobConfig) -> JobConfig:
@@ -227,66 +222,62 @@ def _stopped(signum: int) -> Exception:
     return _Stopped()
 
 
-def _interrupted(signum: int) -> Exception:
-    return Interrupted(
-        f"signal {signum}: stopped; committed rows are kept, run the same command again to continue"
-    )
-
-
 # ----------------------------------------------------------------- the record
 
 
-def _record_run(
-    manifest: Manifest, cfg: JobConfig, plan: Plan, metas: list[dict[str, Any]], wall: float
-) -> None:
-    """One record for this invocation (the report's sums stay right), workers broken down.
+class Landed:
+    """What the landed blocks told the driver: each worker's latest record (a restarted worker
+    is a new one), its rows, blocks and cost, and the timeline rows workers sent."""
 
-    engine/forward seconds are the mean per worker, so busy fractions stay per device;
-    device_count and usd_per_hour are the whole pool's.
-    """
-    ws = _per_worker(metas)
-    n = len(ws) or 1
-    local = detect_device()
-    first = ws[0] if ws else {}
-    manifest.runs.append(
-        {
-            "job": cfg.name,
-            "model": cfg.model.source,
-            "executor": "ray",
-            "engine": first.get("engine", cfg.engine.kind),
-            "wall_seconds": wall,
-            "load_seconds": max((w["load_seconds"] for w in ws), default=0.0),
-            "engine_seconds": sum(w["engine_seconds"] for w in ws) / n,
-            "forward_seconds": sum(w["forward_seconds"] for w in ws) / n,
-            **{
-                k: sum(w[k] for w in ws)
-                for k in (*ENGINE_COUNTERS, "cache_saved_usd", "dedup_saved_usd")
-            },
-            "skipped": plan.skipped,
-            "device_name": first.get("device_name", local.name),
-            "device_kind": first.get("device_kind", local.kind),
-            "device_count": sum(w["device_count"] for w in ws) or local.count,
-            "usd_per_hour": sum(w["usd_per_hour"] for w in ws),
-            "price_source": first.get("price_source", ""),
-            "price_unit": first.get("price_unit"),
-            "price_date": first.get("price_date"),
-            "notes": sorted({x for w in ws for x in w["notes"]}),
-            "workers": ws,
-            "finished_at": time.time(),
-        }
-    )
+    def __init__(self) -> None:
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.row_records: list[dict[str, Any]] = []
+        self.rows = 0
 
-
-def _per_worker(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The latest stats of each worker (a restarted worker is a new one), with its rows."""
-    out: dict[str, dict[str, Any]] = {}
-    for m in metas:
-        w = m["worker"]
-        prev = out.get(w["worker"], {"rows": 0, "blocks": 0, "cost_usd": 0.0})
-        out[w["worker"]] = {
-            **w,
-            "rows": prev["rows"] + m["rows"],
+    def add(self, meta: dict[str, Any]) -> None:
+        prev = self.workers.get(meta["worker"], {"rows": 0, "blocks": 0, "cost_usd": 0.0})
+        self.workers[meta["worker"]] = {
+            "record": meta["record"],
+            "rows": prev["rows"] + meta["rows"],
             "blocks": prev["blocks"] + 1,
-            "cost_usd": prev["cost_usd"] + m["cost_usd"],
+            "cost_usd": prev["cost_usd"] + meta["cost_usd"],
         }
-    return list(out.values())
+        self.steps += meta.get("steps", [])
+        self.samples += meta.get("samples", [])
+        self.row_records += meta.get("row_records", [])
+        self.rows += meta["rows"]
+
+    def record(self, cfg: JobConfig, plan: Plan, wall: float) -> RunRecord:
+        """One record for this invocation (the report's sums stay right), workers broken down."""
+        records = [RunRecord.from_json(w["record"]) for w in self.workers.values()]
+        per_worker = [
+            {"worker": k, **w["record"], **{n: w[n] for n in ("rows", "blocks", "cost_usd")}}
+            for k, w in self.workers.items()
+        ]
+        merged = RunRecord.merge(
+            records,
+            executor="ray",
+            wall_seconds=wall,
+            skipped=plan.skipped,
+            workers=per_worker,
+            energy_kwh=energy_kwh(self.samples),
+        )
+        if not records:  # nothing ran: the driver's own figures
+            local = detect_device()
+            merged = replace(
+                merged,
+                job=cfg.name,
+                model=cfg.model.source,
+                engine=cfg.engine.kind,
+                device_name=local.name,
+                device_kind=local.kind,
+                device_count=local.count,
+            )
+        return merged
+
+    def save_timelines(self, rundir: RunDir, run_index: int) -> None:
+        """The workers' step and device rows, tagged with their worker, under this run."""
+        tdir = telemetry_dir(rundir.path)
+        save_timelines(tdir, run_index, self.samples, self.steps, self.row_records)

@@ -66,7 +66,7 @@ def _add_block(plan: Plan, rows: list[RawRow], preparer) -> None:
     # Whether a file carries ids is decided by its first row; a block starting mid-file must
     # decide as the driver did, so the driver's answers travel with the block.
     files = {r.source.file for r in rows}
-    has_ids = {f: preparer._file_has_ids[f] for f in files if f in preparer._file_has_ids}
+    has_ids = preparer.file_ids(files)
     payload = pickle.dumps({"rows": rows, "file_has_ids": has_ids})
     plan.blocks.append({"block": len(plan.blocks), "payload": payload})
     plan.rows += len(rows)

@@ -1,10 +1,12 @@
 """One Ray worker: an engine on one accelerator (or a few CPU cores) that turns blocks into shards.
 
-Ray Data calls `BlockWorker` with batches of blocks; for each block the worker prepares the rows
-(our renderer and tokenizer, per-row errors), generates, prices the rows by the wall time since
-its previous commit (its model load is charged to its first block), and commits the block
-itself: error fragment first, then the shard (see ray_blocks for the names). A block whose shard
-is already visible was committed by a worker that died after committing: it is not redone.
+It starts its engine as the local run does (`start_engine`: load, quality gate, quantization,
+engine check), prepares each block with the local run's `Prep` (per-row errors, dedup, prefix
+ordering) and prices and commits it with the local run's `Committer`, whose writes go to the
+block's own names: error fragment first, then the shard (see ray_blocks). Its model load is
+charged to its first block. A block whose shard is already visible was committed by a worker
+that died after committing: it is not redone. Each block's answer (`meta`) carries the worker's
+run record and its new step and device timeline rows, which the driver merges.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 from jobrunner.config import JobConfig
+from jobrunner.errors import JobError
 from jobrunner.executors.ray_blocks import (
     fragment_path,
     is_current_run,
@@ -22,14 +25,15 @@ from jobrunner.executors.ray_blocks import (
     unpack_block,
     write_fragment,
 )
-from jobrunner.io.readers import RawRow
+from jobrunner.io.committer import Committer
 from jobrunner.io.rundir import RunDir, read_ids
-from jobrunner.io.writers import result_record, write_atomic
-from jobrunner.prep.stream import copy_to_followers, dedup_key
-from jobrunner.telemetry.cost import CostLedger, Savings
+from jobrunner.io.writers import write_atomic
+from jobrunner.prep.stream import Prep
 from jobrunner.telemetry.device import DeviceInfo, cpu_name, detect_device
-from jobrunner.telemetry.prices import device_rate
-from jobrunner.types import Request, Result, RowError
+from jobrunner.telemetry.prices import device_rate, run_price_fields
+from jobrunner.telemetry.record import RunRecord
+from jobrunner.telemetry.sampler import DEFAULT_INTERVAL, Sampler
+from jobrunner.types import Result, RowError
 
 
 class BlockWorker:
@@ -44,33 +48,38 @@ class BlockWorker:
         cpus: float,
         fault_marker: str | None = None,
     ) -> None:
-        from jobrunner.engine.engines import make_engine
-        from jobrunner.engine.loader import load_model
-        from jobrunner.engine.quant import apply_quantization
-        from jobrunner.formats import make_preparer
+        from jobrunner.engine.start import start_engine
 
         t0 = time.monotonic()
         self.cfg, self.tag, self.fault_marker = cfg, tag, fault_marker
-        self.rundir = RunDir(run_path, fmt)
-        self.loaded = load_model(cfg.model)
-        apply_quantization(
-            self.loaded, cfg.model
-        )  # the quality gate (quality_check) is not run here
-        if self.loaded.device.type == "cpu" and not cfg.engine.num_threads:
-            import torch
-
-            torch.set_num_threads(max(1, int(cpus)))
-        self.engine = make_engine(self.loaded, cfg)
-        self.preparer = make_preparer(cfg, self.loaded.tokenizer)
-        self.device = _worker_device(self.loaded.device.type, cpus)
-        self.rate = device_rate(self.device, cfg.cost)
-        self.usd_per_hour, self.price_source = self.rate.usd_per_hour, self.rate.label
-        self.load_seconds = time.monotonic() - t0
-        self.started = t0
-        self.ledger = CostLedger(self.usd_per_hour, start=t0)  # blocks come one at a time
-        self.savings = Savings()
-        self.deduplicated = 0
         self.worker_id = f"{_node_ip()}:{os.getpid()}"
+        self.rundir = RunDir(run_path, fmt)
+        self.sampler = Sampler(float(os.environ.get("JOBRUNNER_SAMPLE_INTERVAL", DEFAULT_INTERVAL)))
+        self.sampler.start()
+        self.failure: dict[str, Any] | None = None
+        try:  # a failed start (the quality gate: 65) is the job's answer, given by the driver
+            self.started = start_engine(cfg, since=t0, cpu_threads=int(cpus))
+        except JobError as e:
+            self.failure = {"error": type(e).__name__, "message": str(e), "exit_code": e.exit_code}
+            return
+        self.engine = self.started.engine
+        grammar = getattr(self.engine, "compile_grammar", None)
+        self.prep = Prep(cfg, self.started.loaded.tokenizer, compile_grammar=grammar)
+        self.device = _worker_device(self.started.loaded.device.type, cpus)
+        self.rate = device_rate(self.device, cfg.cost)
+        self.committer = Committer(  # one commit per block, when the block is done
+            self._write,
+            self.started.loaded.source.name,
+            self.rate.usd_per_hour,
+            shard_rows=1 << 62,
+            shard_seconds=float("inf"),
+            drain_errors=self.prep.drain_errors,
+            measured_seconds=lambda: self.engine.stats.row_seconds,
+        )
+        self.committer.start_clock(since=t0)
+        self.t0 = t0
+        self._block: int | None = None
+        self._sent_steps = self._sent_samples = self._sent_rows = 0
 
     def __call__(self, batch: Any) -> dict[str, list]:
         blocks = batch["block"].to_pylist()
@@ -84,47 +93,33 @@ class BlockWorker:
     # ------------------------------------------------------------------ one block
 
     def run_block(self, block: int, payload: bytes) -> dict[str, Any]:
+        if self.failure:
+            return {"block": block, "failure": self.failure}
         shard = shard_path(self.rundir, self.tag, block)
         if shard.exists():  # committed by a worker that died before reporting it
-            return self._meta(block, shard, len(read_ids(shard)), None, 0.0, redone=False)
+            return self._meta(block, shard, len(read_ids(shard)), None, 0.0, [])
         rows, has_ids = unpack_block(payload)
-        results, errors = self._generate(rows, has_ids)
-        return self._commit(block, shard, results, errors)
-
-    def _generate(
-        self, rows: list[RawRow], has_ids: dict[str, bool]
-    ) -> tuple[list[Result], list[RowError]]:
-        self.preparer._file_has_ids.update(has_ids)  # decide ids exactly as the driver did
-        prepared = self.preparer.prepare_batch(rows)
-        errors = [p for p in prepared if isinstance(p, RowError)]
-        leaders, followers = _dedup([p for p in prepared if isinstance(p, Request)])
-        self.deduplicated += sum(len(f) for f in followers.values())
+        self.prep.preparer.adopt_file_ids(has_ids)  # decide ids exactly as the driver did
         results: list[Result] = []
-        for r in self.engine.generate(leaders):
-            results += [r, *copy_to_followers(r, followers.pop(r.id, []))]
-        errors += [
-            RowError(r.error_code or "error", r.error or "", r.source, r.id)
-            for r in results
-            if not r.ok
-        ]
-        return results, errors
-
-    def _commit(self, block: int, shard, results: list[Result], errors: list[RowError]) -> dict:
-        if not is_current_run(self.rundir, self.tag):
-            raise RuntimeError(f"{self.rundir.path} is now run by another driver; not committing")
-        before = self.ledger.cost_usd
-        self.savings.add(self.ledger.price(results, self.engine.stats.row_seconds))
-        usd = self.ledger.cost_usd - before
-        if errors:
-            write_fragment(fragment_path(self.rundir, self.tag, block), errors)
-        if results:
-            model = self.loaded.source.name
-            write_atomic(
-                [result_record(r, model) for r in results], shard, self.rundir.shards.write
-            )
+        for r in self.engine.generate(self.prep.requests(rows)):
+            done = [r, *self.prep.fan_out(r)]
+            self.committer.add(done)
+            results += done
+        self._block = block
+        usd = self.committer.commit()
         self._fault_hook()
         ok = sum(r.ok for r in results)
-        return self._meta(block, shard if results else None, len(results), ok, usd, redone=True)
+        return self._meta(block, shard if results else None, len(results), ok, usd, results)
+
+    def _write(self, records: list[dict[str, Any]], errors: list[RowError], sources: list) -> None:
+        """The committer's writes for the current block: its error fragment, then its shard."""
+        if not is_current_run(self.rundir, self.tag):
+            raise RuntimeError(f"{self.rundir.path} is now run by another driver; not committing")
+        if errors:
+            write_fragment(fragment_path(self.rundir, self.tag, self._block), errors)
+        if records:
+            shard = shard_path(self.rundir, self.tag, self._block)
+            write_atomic(records, shard, self.rundir.shards.write)
 
     def _fault_hook(self) -> None:
         """Tests only: the first worker to commit a shard dies at once (one marker, one death)."""
@@ -137,56 +132,50 @@ class BlockWorker:
         os._exit(1)
 
     def _meta(
-        self, block: int, shard, rows: int, ok: int | None, usd: float, redone: bool
+        self, block: int, shard, rows: int, ok: int | None, usd: float, results: list[Result]
     ) -> dict[str, Any]:
-        st = self.engine.stats
+        record = RunRecord.of_engine(
+            self.cfg,
+            self.engine,
+            self.device,
+            executor="ray",
+            load_seconds=self.started.load_seconds,
+            wall_seconds=time.monotonic() - self.t0,
+            deduplicated=self.prep.deduplicated,
+            usd_per_hour=self.rate.usd_per_hour,
+            price_source=self.rate.label,
+            weights=self.started.weights,
+            **run_price_fields(self.rate, self.cfg.cost),
+            **self.committer.savings.to_json(),
+        )
         return {
             "block": block,
             "shard": shard.name if shard else None,
             "rows": rows,
             "succeeded": ok,
             "cost_usd": usd,
-            "generated": redone,
-            "worker": {
-                "worker": self.worker_id,
-                "device_name": self.device.name,
-                "device_kind": self.device.kind,
-                "device_count": self.device.count,
-                "usd_per_hour": self.usd_per_hour,
-                "price_source": self.price_source,
-                "price_unit": self.rate.price.unit,
-                "price_date": self.rate.price.date,
-                "engine": self.engine.kind,
-                "load_seconds": self.load_seconds,
-                "alive_seconds": time.monotonic() - self.started,
-                "engine_seconds": st.engine_seconds,
-                "forward_seconds": st.forward_seconds,
-                "steps": st.steps,
-                "preemptions": st.preemptions,
-                "oom_retries": st.oom_retries,
-                "draft_tokens": st.draft_tokens,
-                "accepted_draft_tokens": st.accepted_draft_tokens,
-                "deduplicated": self.deduplicated,
-                "notes": list(st.notes),
-                **self.savings.to_json(),
-            },
+            "completion_tokens": sum(r.usage.completion_tokens for r in results),
+            "worker": self.worker_id,
+            "record": record.to_json(),
+            "steps": self._new_steps(),
+            "samples": self._new_samples(),
+            "row_records": self._new_rows(),
         }
 
+    def _new_steps(self) -> list[dict[str, Any]]:
+        log = self.engine.stats.step_log
+        new, self._sent_steps = log[self._sent_steps :], len(log)
+        return [{**s, "worker": self.worker_id} for s in new]
 
-def _dedup(reqs: list[Request]) -> tuple[list[Request], dict[str, list[Request]]]:
-    """Exact duplicate greedy requests within the block run once (leader id -> followers)."""
-    leaders: list[Request] = []
-    by_key: dict[bytes, Request] = {}
-    followers: dict[str, list[Request]] = {}
-    for r in reqs:
-        key = dedup_key(r)
-        if key is not None and key in by_key:
-            followers.setdefault(by_key[key].id, []).append(r)
-            continue
-        if key is not None:
-            by_key[key] = r
-        leaders.append(r)
-    return leaders, followers
+    def _new_rows(self) -> list[dict[str, Any]]:
+        rows = self.committer.row_log
+        new, self._sent_rows = rows[self._sent_rows :], len(rows)
+        return new
+
+    def _new_samples(self) -> list[dict[str, Any]]:
+        samples = self.sampler.samples
+        new, self._sent_samples = samples[self._sent_samples :], len(samples)
+        return [{**s, "device": f"{self.worker_id} {s['device']}"} for s in new]
 
 
 def _worker_device(kind: str, cpus: float) -> DeviceInfo:

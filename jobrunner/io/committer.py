@@ -3,12 +3,15 @@
 Each commit prices its rows by the work each caused (telemetry.cost.CostLedger): a row's own
 share of the measured engine steps, plus a share of the time outside them; the committed rows'
 cost_usd add up to the ledger's total, which the last commit makes the whole wall time.
+Where a commit goes is the executor's: `into_rundir` (the local run: errors.jsonl, the next
+shard name, manifest.json), or a Ray worker's block (an error fragment, the block's shard).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.writers import result_record
@@ -16,12 +19,19 @@ from jobrunner.telemetry.cost import CostLedger, Savings
 from jobrunner.telemetry.timeline import row_record
 from jobrunner.types import Result, RowError
 
+# (shard records, error rows, each record's source row)
+Write = Callable[[list[dict[str, Any]], list[RowError], list[Any]], None]
+
+
+def into_rundir(rundir: RunDir, manifest: Manifest) -> Write:
+    """Commits in the run directory's order (errors.jsonl, then the shard, then the manifest)."""
+    return lambda records, errors, sources: rundir.commit(manifest, records, errors, sources)
+
 
 class Committer:
     def __init__(
         self,
-        rundir: RunDir,
-        manifest: Manifest,
+        write: Write,
         model_name: str,
         usd_per_hour: float,
         shard_rows: int,
@@ -30,8 +40,7 @@ class Committer:
         measured_seconds: Callable[[], float] = float,
         expected_rows: int = 0,
     ) -> None:
-        self.rundir = rundir
-        self.manifest = manifest
+        self.write = write
         self.model_name = model_name
         self.ledger = CostLedger(usd_per_hour, expected_rows)
         self.measured_seconds = measured_seconds  # the engine's step time so far
@@ -68,15 +77,18 @@ class Committer:
             time.monotonic() - self._last >= self.shard_seconds and bool(self.pending)
         )
 
-    def commit(self, final: bool = False) -> None:
-        """Commit the pending rows; `final`: no rows follow (they pay what time is left)."""
+    def commit(self, final: bool = False) -> float:
+        """Price and write the pending rows (and rejected ones); `final`: no rows follow (they
+        pay what time is left). Returns the commit's cost in USD."""
         errors = self.errors + self.drain_errors()
         now = time.monotonic()
+        before = self.ledger.cost_usd
         self.savings.add(self.ledger.price(self.pending, self.measured_seconds(), now, final))
         records = [result_record(r, self.model_name) for r in self.pending]
         self.row_log += [row_record(r) for r in self.pending]
-        self.rundir.commit(self.manifest, records, errors, [r.source for r in self.pending])
+        self.write(records, errors, [r.source for r in self.pending])
         self.rows_committed += len(records)
         self.pending, self.errors = [], []
         if records:
             self._last = now
+        return self.ledger.cost_usd - before

@@ -184,6 +184,14 @@ class Preparer:
         one row becomes several (an embeddings line with several inputs)."""
         return [row_id]
 
+    def file_ids(self, files: Iterable[str]) -> dict[str, bool]:
+        """Whether each of `files` seen so far carries ids (decided by its first row)."""
+        return {f: self._file_has_ids[f] for f in files if f in self._file_has_ids}
+
+    def adopt_file_ids(self, has_ids: dict[str, bool]) -> None:
+        """Decide ids as another preparer did (a Ray block that starts mid-file)."""
+        self._file_has_ids.update(has_ids)
+
     def row_id(self, raw: RawRow) -> str | RowError:
         col = self.cfg.input.id_column
         has_ids = self._file_has_ids.setdefault(raw.source.file, bool(col) and col in raw.values)

@@ -1,9 +1,10 @@
-"""Stage 1 in the background: read, render, tokenize, validate, dedup, order, ahead of the engine.
+"""Stage 1: read, render, tokenize, validate, dedup, order, ahead of the engine.
 
-A worker thread fills a bounded queue; the engine pulls Requests from `requests()`. Rows already
-committed are skipped; rows rejected at input go to `errors` (drained by the committer). Exact
-duplicate greedy requests run once: the first is the leader and the rest ride along until its
-result fans out to them (`followers`).
+`Prep` turns rows into Requests (for a whole input, or one Ray block); `PrepStream` runs it over
+the job's input in a thread that fills a bounded queue the engine pulls from. Rows already
+committed are skipped; rows rejected at input go to `drain_errors()` (the committer takes them).
+Exact duplicate greedy requests run once: the first is the leader and the rest ride along until
+its result fans out to them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 from jobrunner.config import JobConfig
 from jobrunner.formats import make_preparer
 from jobrunner.io.ids import IdSet, committed
+from jobrunner.io.readers import Item
 from jobrunner.prep.fresh import FreshRows
+from jobrunner.prep.order import order_requests
 from jobrunner.types import Request, Result, RowError
 
 _END = object()
@@ -35,60 +38,45 @@ def dedup_key(r: Request) -> bytes | None:
     return h.digest()
 
 
-class PrepStream:
+class Prep:
+    """Rows -> the Requests the engine runs, for a whole input or one block of it: rows already
+    committed are skipped, rejected rows set aside (`drain_errors`), exact duplicate greedy
+    requests run once (`fan_out` copies the leader's result), and the rest is ordered for the
+    prefix cache (prep/order.py). Thread-safe between the producer and the consumer."""
+
     def __init__(
         self,
         cfg: JobConfig,
         tokenizer: Any,
-        skip_ids: IdSet | set[str],
-        order: Callable[[Iterable[Request]], Iterable[Request]] | None = None,
-        depth: int = 4096,
+        skip_ids: IdSet | set[str] | frozenset[str] = frozenset(),
+        order: bool = True,
         compile_grammar: Callable[[Any], None] | None = None,
     ) -> None:
         """`compile_grammar(spec)` (the engine's) compiles a constrained row's grammar here, in
         the background, so compiling overlaps the forward pass; a ValueError from it fails the
         row (named by row and schema path), not the job."""
-        self.cfg = cfg
         self.compile_grammar = compile_grammar
         self.preparer = make_preparer(cfg, tokenizer)
         self.skip_ids = skip_ids
-        self.order = order or (lambda reqs: reqs)
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.window = cfg.engine.order_window if order else 0
         self._lock = threading.Lock()
         self._errors: list[RowError] = []
         self._inflight: dict[bytes, list[Request]] = {}  # leader key -> followers
         self._leader_key: dict[str, bytes] = {}
         self._skipped = 0  # rows the committed check dropped here (FreshRows counts its own)
-        self._rows: FreshRows | None = None
         self.deduplicated = 0
-        # progress: rows read (not skipped), prompt tokens they need prefilled, input read to the end
+        # progress: rows read (not skipped), prompt tokens they need prefilled
         self.rows_read = 0
         self.prompt_tokens = 0
-        self.read_done = False
-        self.failure: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="jobrunner-prep", daemon=True)
 
-    def start(self) -> PrepStream:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def requests(self) -> Iterator[Request]:
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                if self.failure:
-                    raise self.failure
-                return
-            yield item
+    def requests(self, items: Iterable[Item]) -> Iterator[Request]:
+        fresh = self._fresh(self.preparer.prepare(items))
+        return order_requests(fresh, self.window) if self.window else fresh
 
     @property
     def skipped(self) -> int:
         """Input rows skipped as already committed."""
-        return self._skipped + (self._rows.skipped if self._rows else 0)
+        return self._skipped
 
     def drain_errors(self) -> list[RowError]:
         with self._lock:
@@ -101,32 +89,6 @@ class PrepStream:
             key = self._leader_key.pop(leader.id, None)
             followers = self._inflight.pop(key, []) if key else []
         return copy_to_followers(leader, followers)
-
-    # ---------------------------------------------------------------- worker
-
-    def _run(self) -> None:
-        try:
-            self._rows = FreshRows(self.cfg, self.skip_ids)
-            for req in self.order(self._fresh(self.preparer.prepare(self._rows))):
-                if self._stop.is_set():
-                    break
-                self._put(req)
-        except BaseException as e:  # surfaced in the engine's thread by requests()
-            self.failure = e
-        finally:
-            self.read_done = True
-            self._put(_END)
-
-    def _put(self, item: object) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        if item is _END:  # make room so the consumer always sees the end
-            with contextlib.suppress(queue.Full):
-                self._queue.put_nowait(item)
 
     def _fresh(self, prepared: Iterable[Request | RowError]) -> Iterator[Request]:
         for chunk in _chunks(prepared, CHECK_ROWS):
@@ -167,6 +129,76 @@ class PrepStream:
             self._inflight[key] = []
             self._leader_key[r.id] = key
         return False
+
+
+class PrepStream(Prep):
+    """Prep over the job's whole input in a background thread, ahead of the engine: a bounded
+    queue that `requests()` drains."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        tokenizer: Any,
+        skip_ids: IdSet | set[str],
+        order: bool = True,
+        depth: int = 4096,
+        compile_grammar: Callable[[Any], None] | None = None,
+    ) -> None:
+        super().__init__(cfg, tokenizer, skip_ids, order, compile_grammar)
+        self.cfg = cfg
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.failure: BaseException | None = None
+        self.read_done = False  # progress: the input was read to the end
+        self._rows: FreshRows | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobrunner-prep", daemon=True)
+
+    def start(self) -> PrepStream:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def skipped(self) -> int:
+        """Input rows skipped as already committed, the reader's (FreshRows) included."""
+        return self._skipped + (self._rows.skipped if self._rows else 0)
+
+    def stream(self) -> Iterator[Request]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                if self.failure:
+                    raise self.failure
+                return
+            yield item
+
+    # ---------------------------------------------------------------- worker
+
+    def _run(self) -> None:
+        try:
+            self._rows = FreshRows(self.cfg, self.skip_ids)
+            for req in self.requests(self._rows):
+                if self._stop.is_set():
+                    break
+                self._put(req)
+        except BaseException as e:  # surfaced in the engine's thread by stream()
+            self.failure = e
+        finally:
+            self.read_done = True
+            self._put(_END)
+
+    def _put(self, item: object) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        if item is _END:  # make room so the consumer always sees the end
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(item)
 
 
 def _chunks(items: Iterable, n: int) -> Iterator[list]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from jobrunner.telemetry.record import RunRecord
+
 PHASES = ("load", "prefill", "decode", "forward", "engine", "other")
 
 
@@ -27,7 +29,7 @@ def split_step(step: dict[str, Any]) -> dict[str, float]:
     return {"prefill": secs * p / (p + d), "decode": secs * d / (p + d)}
 
 
-def time_breakdown(runs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def time_breakdown(runs: list[RunRecord], steps: list[dict[str, Any]]) -> dict[str, Any]:
     """{"seconds": {phase: s}, "usd": {phase: usd}} over every run of the job."""
     by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for s in steps:
@@ -36,23 +38,23 @@ def time_breakdown(runs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> d
     usd = dict.fromkeys(PHASES, 0.0)
     for i, run in enumerate(runs):
         phases = run_phases(run, by_run.get(i, []))
-        rate = (run.get("usd_per_hour") or 0.0) / 3600
+        rate = (run.usd_per_hour or 0.0) / 3600
         for k, v in phases.items():
             seconds[k] += v
             usd[k] += v * rate
     return {"seconds": seconds, "usd": usd}
 
 
-def run_phases(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, float]:
+def run_phases(run: RunRecord, steps: list[dict[str, Any]]) -> dict[str, float]:
     out = dict.fromkeys(PHASES, 0.0)
     for s in steps:
         for k, v in split_step(s).items():
             out[k] += v
     stepped = out["prefill"] + out["decode"] + out["forward"]
-    engine = run.get("engine_seconds", 0.0)
+    engine = run.engine_seconds
     if not steps:  # no step log: the engine's own forward figure stands in
-        out["forward"] = stepped = run.get("forward_seconds", 0.0)
-    out["load"] = run.get("load_seconds", 0.0)
+        out["forward"] = stepped = run.forward_seconds
+    out["load"] = run.load_seconds
     out["engine"] = max(engine - stepped, 0.0)
-    out["other"] = max(run.get("wall_seconds", 0.0) - out["load"] - max(engine, stepped), 0.0)
+    out["other"] = max(run.wall_seconds - out["load"] - max(engine, stepped), 0.0)
     return out

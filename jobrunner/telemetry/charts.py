@@ -93,30 +93,26 @@ def running(steps: list[dict[str, Any]], num_kv_blocks: int | None = None):
     timed = _timed(steps, start=_step_start)
     if not timed:
         return None
-    x = [t for t, _ in timed]
-    fig = go.Figure(
-        [
-            go.Scatter(
-                x=x,
-                y=[s.get("num_running") for _, s in timed],
-                name="running sequences",
-                line={"shape": "hv"},
-            ),
-            go.Scatter(
-                x=x,
-                y=[s.get("num_waiting") for _, s in timed],
-                name="waiting sequences",
-                line={"shape": "hv"},
-            ),
-            go.Scatter(
-                x=x,
-                y=[s.get("kv_blocks_used") for _, s in timed],
-                name="KV-cache blocks in use",
-                yaxis="y2",
-                line={"dash": "dot", "shape": "hv"},
-            ),
-        ]
-    )
+    traces = []
+    workers = sorted({s.get("worker") or "" for _, s in timed})
+    for w in workers:  # one set of lines per Ray worker; a local run has one, unnamed
+        pts = [(t, s) for t, s in timed if (s.get("worker") or "") == w]
+        x, who = [t for t, _ in pts], f"{w} " if len(workers) > 1 else ""
+        for key, name, style in (
+            ("num_running", "running sequences", {"shape": "hv"}),
+            ("num_waiting", "waiting sequences", {"shape": "hv"}),
+            ("kv_blocks_used", "KV-cache blocks in use", {"dash": "dot", "shape": "hv"}),
+        ):
+            traces.append(
+                go.Scatter(
+                    x=x,
+                    y=[s.get(key) for _, s in pts],
+                    name=f"{who}{name}",
+                    line=style,
+                    **({"yaxis": "y2"} if key == "kv_blocks_used" else {}),
+                )
+            )
+    fig = go.Figure(traces)
     fig.update_layout(
         title="Running sequences and KV-cache use",
         xaxis_title="seconds",

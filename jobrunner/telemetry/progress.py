@@ -233,8 +233,14 @@ class Progress:
         return self.snapshot().text()
 
     def advance(self, results: list[Result]) -> None:
-        self.done += len(results)
-        self.tokens += sum(r.usage.completion_tokens for r in results if r.shared_with <= 1)
+        self.add(
+            len(results), sum(r.usage.completion_tokens for r in results if r.shared_with <= 1)
+        )
+
+    def add(self, rows: int, completion_tokens: int) -> None:
+        """`rows` more finished, with `completion_tokens` generated (a Ray block, say)."""
+        self.done += rows
+        self.tokens += completion_tokens
         if self._bar is not None:
             self._show()
 

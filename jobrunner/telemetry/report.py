@@ -19,19 +19,10 @@ from jobrunner.telemetry.cost import per_million
 from jobrunner.telemetry.model import iter_token_columns
 from jobrunner.telemetry.prices import api_equivalent, api_prices_of_run, price_warnings
 from jobrunner.telemetry.prom import write_metrics
+from jobrunner.telemetry.record import ENGINE_COUNTERS, RunRecord
 from jobrunner.telemetry.report_html import to_html
 from jobrunner.telemetry.report_md import to_markdown
 from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
-
-# counters each run record carries and the report sums over runs (and Ray sums over workers)
-ENGINE_COUNTERS = (
-    "steps",
-    "preemptions",
-    "oom_retries",
-    "draft_tokens",
-    "accepted_draft_tokens",
-    "deduplicated",
-)
 
 ESTIMATE_FILE = "estimate.json"
 
@@ -56,26 +47,26 @@ def row_totals(rundir: RunDir) -> dict[str, Any]:
 
 def build_report(rundir: RunDir) -> dict[str, Any]:
     m = rundir.load_manifest()
-    runs = m.runs if m else []
+    runs = [RunRecord.from_json(r) for r in (m.runs if m else [])]
     t = row_totals(rundir)
     failed = sum(1 for _ in rundir.iter_errors())
     ok = t["rows"] - t["finish_reasons"].get("error", 0)
-    wall = sum(r.get("wall_seconds", 0.0) for r in runs)
-    engine = sum(r.get("engine_seconds", 0.0) for r in runs)
-    forward = sum(r.get("forward_seconds", 0.0) for r in runs)
-    load = sum(r.get("load_seconds", 0.0) for r in runs)
-    last = runs[-1] if runs else {}
-    device_hours = sum(r.get("wall_seconds", 0.0) * r.get("device_count", 1) for r in runs) / 3600
+    wall = sum(r.wall_seconds for r in runs)
+    engine = sum(r.engine_seconds for r in runs)
+    forward = sum(r.forward_seconds for r in runs)
+    load = sum(r.load_seconds for r in runs)
+    last = runs[-1] if runs else RunRecord(job=None, model=None, engine=None)
+    device_hours = sum(r.wall_seconds * r.device_count for r in runs) / 3600
     tokens = t["prompt_tokens"] + t["completion_tokens"]
     steps = read_timeline(rundir.path, STEPS_FILE)
     report = {
-        "job": last.get("job"),
-        "model": last.get("model"),
-        "engine": last.get("engine"),
+        "job": last.job,
+        "model": last.model,
+        "engine": last.engine,
         "rows": {
             "succeeded": ok,
             "failed": failed,
-            "skipped": last.get("skipped", 0),
+            "skipped": last.skipped,
             "total": ok + failed,
         },
         "finish_reasons": t["finish_reasons"],
@@ -102,23 +93,26 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
             "rows_per_second": t["rows"] / wall if wall else None,
         },
         "device": {
-            "name": last.get("device_name"),
-            "kind": last.get("device_kind"),
-            "count": last.get("device_count"),
+            "name": last.device_name,
+            "kind": last.device_kind,
+            "count": last.device_count if runs else None,
             "device_hours": device_hours,  # GPU-hours on GPUs, vCPU-hours on CPUs (unit_hours)
-            "unit_hours": f"{_unit(last.get('device_kind'))}s",
-            "gpu_hours": device_hours if last.get("device_kind") == "cuda" else 0.0,
+            "unit_hours": f"{_unit(last.device_kind)}s",
+            "gpu_hours": device_hours if last.device_kind == "cuda" else 0.0,
         },
         "cost": _cost(t, runs, tokens, m.retired_cost_usd if m else 0.0),
         "api_equivalent": api_equivalent(
-            t["prompt_tokens"], t["completion_tokens"], t["cost_usd"], api_prices_of_run(last)
+            t["prompt_tokens"],
+            t["completion_tokens"],
+            t["cost_usd"],
+            api_prices_of_run(last.to_json()),
         ),
         "telemetry": device_summary(read_timeline(rundir.path, DEVICE_FILE), steps),
-        "model_memory": report_section(last),
-        "engine_stats": {k: sum(r.get(k, 0) for r in runs) for k in ENGINE_COUNTERS},
-        "notes": [n for r in runs for n in r.get("notes", [])],
+        "model_memory": report_section(last.weights),
+        "engine_stats": {k: sum(getattr(r, k) for r in runs) for k in ENGINE_COUNTERS},
+        "notes": [n for r in runs for n in r.notes],
         "runs": len(runs),
-        "workers": [w for r in runs for w in r.get("workers", [])],  # executor: ray
+        "workers": [w for r in runs for w in r.workers],  # executor: ray
         "finished_at": m.finished_at if m else None,
     }
     report["estimate"] = compare_estimate(rundir.path / ESTIMATE_FILE, report)
@@ -129,21 +123,21 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
 
 
 def _cost(
-    t: dict[str, Any], runs: list[dict[str, Any]], tokens: int, retired: float = 0.0
+    t: dict[str, Any], runs: list[RunRecord], tokens: int, retired: float = 0.0
 ) -> dict[str, Any]:
     """The committed rows' cost, plus failed attempts that --retry-errors ran again (paid)."""
-    last = runs[-1] if runs else {}
-    energy = [r["energy_kwh"] for r in runs if r.get("energy_kwh") is not None]
-    cache = sum(r.get("cache_saved_usd", 0.0) for r in runs)
-    dedup = sum(r.get("dedup_saved_usd", 0.0) for r in runs)
+    last = runs[-1] if runs else RunRecord(usd_per_hour=None, price_source=None)
+    energy = [r.energy_kwh for r in runs if r.energy_kwh is not None]
+    cache = sum(r.cache_saved_usd for r in runs)
+    dedup = sum(r.dedup_saved_usd for r in runs)
     usd = t["cost_usd"] + retired
     return {
         "cost_usd": usd,
         "retried_attempts_usd": retired,
-        "usd_per_hour": last.get("usd_per_hour"),
-        "price_source": last.get("price_source"),
-        "price_unit": last.get("price_unit") or _unit(last.get("device_kind")),
-        "price_date": last.get("price_date"),
+        "usd_per_hour": last.usd_per_hour,
+        "price_source": last.price_source,
+        "price_unit": last.price_unit or _unit(last.device_kind),
+        "price_date": last.price_date,
         "usd_per_1m_input_tokens": per_million(usd, t["prompt_tokens"]),
         "usd_per_1m_output_tokens": per_million(usd, t["completion_tokens"]),
         "usd_per_1m_tokens": per_million(usd, tokens),
@@ -163,7 +157,7 @@ def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -
 
     def stat(device_prefix: str, key: str, fn) -> float | None:
         vals = [
-            s[key] for s in samples if s["device"].startswith(device_prefix) and s[key] is not None
+            s[key] for s in samples if _kind(s).startswith(device_prefix) and s[key] is not None
         ]
         return fn(vals) if vals else None
 
@@ -181,6 +175,11 @@ def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -
         "kv_blocks_peak": max(kv) if kv else None,
         "running_peak": max((s["num_running"] or 0 for s in steps), default=None),
     }
+
+
+def _kind(sample: dict[str, Any]) -> str:
+    """`cuda:0` or `host`, also for a Ray worker's sample (`10.0.0.5:4242 cuda:0`)."""
+    return sample["device"].rsplit(" ", 1)[-1]
 
 
 def compare_estimate(path: Path, report: dict[str, Any]) -> dict[str, Any] | None:

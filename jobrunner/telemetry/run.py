@@ -2,6 +2,7 @@
 
 The pipeline calls `RunTelemetry(path).start()` before loading the model and `finish(...)` after
 the last commit; `finish` saves the timelines and returns the fields for the manifest's run record.
+The Ray driver saves its workers' timeline rows with `save_timelines`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ log = logging.getLogger(__name__)
 INTERVAL_ENV = "JOBRUNNER_SAMPLE_INTERVAL"
 
 
+def save_timelines(
+    tdir: Path,
+    run_index: int,
+    samples: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+) -> None:
+    """Append one run's device samples, engine steps and rows (any number of workers') to the
+    job's timelines."""
+    try:
+        append_timeline(tdir / DEVICE_FILE, samples, DEVICE_COLUMNS, run_index)
+        append_timeline(tdir / STEPS_FILE, steps, STEP_COLUMNS, run_index)
+        append_timeline(tdir / ROWS_FILE, rows, ROW_COLUMNS, run_index)
+    except Exception as e:  # telemetry never fails a job that finished its rows
+        log.warning("could not save telemetry timelines in %s: %s", tdir, e)
+
+
 class RunTelemetry:
     def __init__(self, run_path: str | Path, interval: float | None = None) -> None:
         self.dir = telemetry_dir(run_path)
@@ -45,13 +63,7 @@ class RunTelemetry:
         row_log: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Stop sampling, save the timelines; the fields to add to this run's record."""
-        samples = self.sampler.stop()
-        try:
-            append_timeline(self.dir / DEVICE_FILE, samples, DEVICE_COLUMNS, run_index)
-            append_timeline(self.dir / STEPS_FILE, step_log, STEP_COLUMNS, run_index)
-            append_timeline(self.dir / ROWS_FILE, row_log or [], ROW_COLUMNS, run_index)
-        except Exception as e:  # telemetry never fails a job that finished its rows
-            log.warning("could not save telemetry timelines in %s: %s", self.dir, e)
+        save_timelines(self.dir, run_index, self.sampler.stop(), step_log, row_log or [])
         return {
             "energy_kwh": self.sampler.energy_kwh(),
             **savings,

@@ -39,6 +39,7 @@ STEP_COLUMNS = [
     "kv_blocks_used",
     "step_seconds",
     "preemptions",
+    "worker",  # executor: ray (None for a local run)
 ]
 
 ROW_COLUMNS = [
@@ -64,6 +65,9 @@ def row_record(r) -> dict[str, Any]:
     return rec
 
 
+STRING_COLUMNS = ("device", "worker")
+
+
 def telemetry_dir(run_path: str | Path) -> Path:
     return Path(run_path) / "telemetry"
 
@@ -78,7 +82,7 @@ def append_timeline(
     if not records:
         return
     rows = [{c: (run if c == "run" else _num(rec.get(c))) for c in columns} for rec in records]
-    schema = pa.schema([(c, pa.string() if c == "device" else pa.float64()) for c in columns])
+    schema = pa.schema([(c, pa.string() if c in STRING_COLUMNS else pa.float64()) for c in columns])
     new = pa.Table.from_pylist(rows, schema=schema)
     if path.is_file():
         old = pq.read_table(path).select(columns).cast(schema)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from jobrunner.engine.paged import cpu_kernels
+from jobrunner.engine.quant.kv import allocate
+from jobrunner.engine.quant.kv import kv_bytes_per_token as quantized
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,6 @@ def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_format: str = "auto"
 ) -> int:
     if kv_format not in ("auto", *HALF_FORMATS):  # int8 | fp8: codes + scales
-        from jobrunner.engine.quant.kv import kv_bytes_per_token as quantized
-
         return quantized(num_layers, num_kv_heads, head_dim, kv_format)
     dtype = HALF_FORMATS.get(kv_format, dtype)
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
@@ -95,8 +95,6 @@ def allocate_kv_cache(
 ) -> KVCache:
     shape = (num_kv_heads, num_blocks + 1, block_size, head_dim)  # + the scratch block
     if kv_format not in ("auto", *HALF_FORMATS):
-        from jobrunner.engine.quant.kv import allocate
-
         layers = allocate(num_layers, shape, kv_format, dtype, device)
     else:
         stored = HALF_FORMATS.get(kv_format, dtype)

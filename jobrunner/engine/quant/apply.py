@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobrunner.engine.quant import apply_quantization, check_quantization
+from jobrunner.engine.quant.quality import enforce, run_quality_check
 from jobrunner.errors import ConfigError
 
 
@@ -12,8 +14,6 @@ def prepare_weights(loaded: Any, cfg: Any) -> dict[str, Any]:
 
     Raises ConfigError for a format this device cannot run, QualityBelowThreshold (exit 65)
     when the quantized model falls below model.quality_min_agreement."""
-    from jobrunner.engine.quant import apply_quantization, check_quantization
-    from jobrunner.engine.quant.quality import enforce, run_quality_check
 
     m = cfg.model
     check_quantization(m, loaded.device, loaded.dtype)

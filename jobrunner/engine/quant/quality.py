@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from jobrunner.engine.engines import make_engine
+from jobrunner.engine.quant.sample import sample_requests
 from jobrunner.errors import InputDataError
 from jobrunner.types import Request, SamplingParams
 
@@ -61,7 +63,6 @@ def generate_tokens(
     loaded: Any, cfg: Any, reqs: list[Request], kv_cache_dtype: str
 ) -> dict[str, list[int]]:
     """Completion tokens per request id, from the job's engine kind with a small KV cache."""
-    from jobrunner.engine.engines import make_engine
 
     tokens = sum(r.num_prompt_tokens + r.sampling.max_new_tokens for r in reqs) + 64 * len(reqs)
     job = cfg.model_copy(deep=True)
@@ -113,7 +114,6 @@ def exact_prefix(refs: list[list[int]], outs: list[list[int]], k: int) -> float:
 
 def run_quality_check(loaded: Any, cfg: Any, quantize) -> Quality:
     """Measure on cfg.model.quality_check sampled rows; `quantize()` quantizes loaded.model."""
-    from jobrunner.engine.quant.sample import sample_requests
 
     k = min(cfg.generation.max_new_tokens, MAX_K)
     reqs = greedy_requests(sample_requests(cfg, loaded.tokenizer, cfg.model.quality_check), k)

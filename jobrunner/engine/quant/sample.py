@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from jobrunner.formats import make_preparer, read_rows
 from jobrunner.types import Request
 
 SAMPLE_WINDOW = 4096  # rows read at most: a reservoir over the head of the input
@@ -12,7 +13,6 @@ SAMPLE_WINDOW = 4096  # rows read at most: a reservoir over the head of the inpu
 
 def sample_requests(cfg: Any, tokenizer: Any, n: int, window: int = SAMPLE_WINDOW) -> list[Request]:
     """A seeded reservoir sample of n valid rows among the first `window` (input order kept)."""
-    from jobrunner.formats import make_preparer, read_rows
 
     rng = random.Random(cfg.generation.seed)
     preparer = make_preparer(cfg, tokenizer)

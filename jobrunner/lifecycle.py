@@ -1,0 +1,192 @@
+"""The run lifecycle every executor follows, so the local and the Ray run end alike.
+
+`execute(cfg, opts, work)` is an executor's whole job:
+
+    rundir = run_dir(cfg)
+    if (done := answer_finished(rundir, cfg, opts)) is not None:
+        return done                                   # a finished job answers with its outcome
+    with stop_before_rows() as stop, open_run(rundir, cfg, opts) as (manifest, skip_ids, total):
+        committed, interrupted = work(OpenRun(...))   # the executor's own: generate and commit
+        return finish_run(cfg, rundir, manifest, interrupted, committed)
+
+`finish_run` saves the manifest, writes the reports, assembles the output format's files,
+marks _SUCCESS and applies the error budget (exit 65), in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobrunner.config import JobConfig
+from jobrunner.errors import InputDataError, Interrupted
+from jobrunner.formats import output_format
+from jobrunner.io.ids import IdSet
+from jobrunner.io.rundir import Manifest, RunDir
+from jobrunner.io.store_rundir import open_rundir
+from jobrunner.resume import check_same_job, open_run
+from jobrunner.signals import SignalLatch, raise_on_signal
+from jobrunner.telemetry.model import load_report
+from jobrunner.telemetry.report import write_reports
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "JobSummary",
+    "OpenRun",
+    "RunOptions",
+    "answer_finished",
+    "execute",
+    "finish_run",
+    "open_run",
+    "run_dir",
+    "stop_before_rows",
+]
+
+
+@dataclass
+class RunOptions:
+    restart: bool = False
+    retry_errors: bool = False
+
+
+@dataclass
+class JobSummary:
+    status: str  # "done" | "nothing_to_do" | "interrupted"
+    output: str
+    rows: dict[str, int] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "output": self.output,
+            "rows": self.rows,
+            "cost_usd": round(self.cost_usd, 8),
+        }
+
+
+@dataclass
+class OpenRun:
+    """A run an executor works on: locked, fingerprinted, its committed ids known."""
+
+    cfg: JobConfig
+    opts: RunOptions
+    rundir: RunDir
+    manifest: Manifest
+    skip_ids: IdSet  # ids already terminal
+    total_rows: int  # input rows, skipped ones included
+    stop: SignalLatch  # re-raise a signal a library swallowed
+
+
+# The executor's part: generate and commit every pending row, append one RunRecord to
+# run.manifest.runs; returns (rows committed, interrupted).
+Work = Callable[[OpenRun], tuple[int, bool]]
+
+
+def execute(cfg: JobConfig, opts: RunOptions, work: Work) -> JobSummary:
+    """A whole job, `work` doing the generating: the one lifecycle of every executor."""
+    rundir = run_dir(cfg)
+    if (done := answer_finished(rundir, cfg, opts)) is not None:
+        return done
+    with stop_before_rows() as stop, open_run(rundir, cfg, opts) as (manifest, skip_ids, total):
+        run = OpenRun(cfg, opts, rundir, manifest, skip_ids, total, stop)
+        committed, interrupted = work(run)
+        return finish_run(cfg, rundir, manifest, interrupted, committed)
+
+
+def run_dir(cfg: JobConfig) -> RunDir:
+    """The job's run directory (local, or on an object store), its shards and error lines in
+    the output format's shape."""
+    out = output_format(cfg.output.format)
+    return open_rundir(cfg.output.path, out.shard_format, out.error_record)
+
+
+def answer_finished(rundir: RunDir, cfg: JobConfig, opts: RunOptions) -> JobSummary | None:
+    """A finished run that is not to be redone answers with its outcome (0 or 65), completing
+    whatever a crash left undone; None when the run has work to do. A changed job is refused
+    (78), even when this one is done."""
+    if not rundir.finished or opts.restart or (opts.retry_errors and rundir.has_errors):
+        return None
+    check_same_job(rundir, cfg)
+    return _close(cfg, rundir, None)
+
+
+def stop_before_rows():
+    """SIGTERM/SIGINT outside the generating loop (scan, model load, last commit): exit 75 at
+    once; commits are atomic. An executor installs its graceful handler while rows run."""
+    return raise_on_signal(
+        lambda signum: Interrupted(
+            f"signal {signum}: stopped; committed rows are kept, run the same command again to continue"
+        )
+    )
+
+
+def finish_run(
+    cfg: JobConfig, rundir: RunDir, manifest: Manifest, interrupted: bool, committed: int
+) -> JobSummary:
+    """Close an invocation whose run record is in `manifest.runs`: reports always; the outcome,
+    output files and _SUCCESS only when the input was done (Interrupted, exit 75, if not)."""
+    rundir.save_manifest(manifest)
+    if interrupted:
+        write_reports(rundir)
+        raise Interrupted(
+            f"interrupted: {committed} rows committed to {rundir.location};"
+            " run the same command again to continue"
+        )
+    return _close(cfg, rundir, manifest)
+
+
+def _close(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> JobSummary:
+    """Every row has its final state: record the outcome, write the reports, then `_SUCCESS`.
+
+    Each step can be redone, so a rerun of a finished run (`manifest` None: nothing ran)
+    completes whatever a crash left undone (missing reports, a missing `_SUCCESS`) and answers
+    with the job's outcome. `_SUCCESS` is written last and only for exit 0; a job over
+    input.max_error_rate exits 65 and has none (DESIGN.md, "The run directory").
+    """
+    ran = manifest is not None
+    if ran:
+        finalize = output_format(cfg.output.format).finalize
+        if finalize:
+            finalize(rundir, manifest, cfg)
+    m = manifest or rundir.load_manifest() or Manifest()
+    failure = _error_rate_error(cfg, m.counts, rundir.path)
+    code = failure.exit_code if failure else 0
+    if m.finished_at is None or m.outcome.get("exit_code") != code:
+        rundir.mark_finished(m, code, str(failure) if failure else "")
+    report = write_reports(rundir) if ran else _load_or_rebuild_report(rundir)
+    if failure is None and not rundir.success_path.is_file():
+        rundir.mark_success()
+    elif failure is not None and rundir.success_path.is_file():
+        rundir.success_path.unlink()  # a lowered max_error_rate: the job no longer passes
+    if failure:
+        raise failure
+    rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}
+    status = "done" if ran else "nothing_to_do"
+    if not ran:  # this invocation redid none: every committed row was skipped
+        rows["skipped"] = report["rows"]["total"]
+    return JobSummary(status, rundir.location, rows, report["cost"]["cost_usd"], report)
+
+
+def _load_or_rebuild_report(rundir: RunDir) -> dict[str, Any]:
+    try:
+        return load_report(rundir.path)
+    except (OSError, ValueError):
+        log.info("%s: report.json missing or unreadable; rebuilding the reports", rundir.path)
+        return write_reports(rundir)
+
+
+def _error_rate_error(cfg: JobConfig, counts: dict[str, int], where) -> InputDataError | None:
+    ok, failed = counts.get("succeeded", 0), counts.get("failed", 0)
+    total = ok + failed
+    rate = failed / total if total else 0.0
+    if rate <= cfg.input.max_error_rate:
+        return None
+    return InputDataError(
+        f"{failed} of {total} rows failed ({rate:.1%}, over input.max_error_rate"
+        f" {cfg.input.max_error_rate:.1%}); see {where}/errors.jsonl"
+    )

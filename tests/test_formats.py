@@ -1,0 +1,95 @@
+"""Formats are looked up in one registry; adding one is the recipe of DESIGN.md ("Add a
+format"): a reader and a writer in a Format, registered by name. Exercised here with TSV."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobrunner.config import JobConfig
+from jobrunner.errors import ConfigError
+from jobrunner.formats import (
+    FORMATS,
+    detect_format,
+    input_format,
+    make_preparer,
+    output_format,
+    read_rows,
+)
+from jobrunner.formats.base import Format
+from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.rundir import RunDir
+from jobrunner.registry import Registry
+from jobrunner.types import RowRef
+
+
+def read_tsv(file: str, batch_rows: int) -> Iterator[Item]:
+    with open(file, newline="", encoding="utf-8") as f:
+        for row, values in enumerate(csv.DictReader(f, delimiter="\t")):
+            yield RawRow(values, RowRef(file, row, line=row + 2))
+
+
+def write_tsv(records: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(records[0]), delimiter="\t")
+        w.writeheader()
+        w.writerows(records)
+
+
+TSV = Format("tsv", suffixes=(".tsv",), read=read_tsv, write=write_tsv, suffix=".tsv")
+
+
+@pytest.fixture
+def tsv():
+    FORMATS.register("tsv", TSV)
+    yield TSV
+    FORMATS.unregister("tsv")
+
+
+def test_a_registered_format_reads_prepares_and_writes_shards(tsv, tmp_path):
+    data = tmp_path / "in.tsv"
+    data.write_text("id\tprompt\na\tHello there\nb\tGood night\n", encoding="utf-8")
+    assert detect_format(str(data), "auto") == "tsv"  # found by its suffix
+    rows = list(read_rows(str(data)))
+    assert [(r.values["id"], r.source.line) for r in rows] == [("a", 2), ("b", 3)]
+    cfg = JobConfig.model_validate({"input": {"path": str(data)}})
+    preparer = make_preparer(cfg, tokenizer=None)
+    assert [preparer.row_id(r) for r in rows] == ["a", "b"]  # the column/template preparer
+
+    rundir = RunDir(tmp_path / "run", output_format("tsv").shard_format)
+    m = rundir.prepare()
+    rundir.commit(m, [{"id": "a", "completion": "hi", "finish_reason": "stop"}], [])
+    (shard,) = rundir.shard_files()
+    assert shard.name == "part-00000.tsv"
+    with open(shard, newline="", encoding="utf-8") as f:
+        assert list(csv.DictReader(f, delimiter="\t")) == [
+            {"id": "a", "completion": "hi", "finish_reason": "stop"}
+        ]
+
+
+def test_unknown_formats_name_the_known_ones():
+    with pytest.raises(ConfigError, match=r"input.format: 'xml' is not one of parquet, jsonl"):
+        input_format("xml")
+    with pytest.raises(ConfigError, match=r"output.format: 'csv' is not one of parquet, jsonl"):
+        output_format("csv")  # csv has a reader, no writer
+
+
+def test_a_registry_looks_up_by_name_and_imports_lazy_entries_once():
+    reg: Registry[Any] = Registry("thing", {"a": 1})
+    reg.register("b", 2)
+
+    @reg.register("c")
+    def c():
+        return 3
+
+    reg.register_lazy("d", "json:dumps")
+    assert reg.names() == ["a", "b", "c", "d"] and "d" in reg
+    import json
+
+    assert reg.get("d") is json.dumps and reg.get("c") is c
+    with pytest.raises(ConfigError, match=r"thing: 'z' is not one of a, b, c, d"):
+        reg.get("z")

@@ -1,0 +1,45 @@
+"""RunRecord: the one shape of manifest.json's run records, and how Ray workers' merge."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobrunner.telemetry.record import RunRecord
+
+
+def worker(**kw) -> RunRecord:
+    base = {
+        "job": "j",
+        "model": "m",
+        "engine": "paged",
+        "device_name": "GPU",
+        "device_kind": "cuda",
+        "device_count": 1,
+        "usd_per_hour": 2.0,
+    }
+    return RunRecord(**{**base, **kw})
+
+
+def test_workers_merge_into_the_pools_record():
+    a = worker(
+        load_seconds=10.0,
+        engine_seconds=40.0,
+        steps=5,
+        deduplicated=1,
+        cache_saved_usd=0.5,
+        notes=["x"],
+    )
+    b = worker(load_seconds=12.0, engine_seconds=20.0, steps=7, cache_saved_usd=0.25, notes=["x"])
+    m = RunRecord.merge([a, b], executor="ray", wall_seconds=99.0)
+    assert (m.executor, m.wall_seconds, m.load_seconds) == ("ray", 99.0, 12.0)
+    assert m.engine_seconds == pytest.approx(30.0)  # the mean: busy fractions stay per device
+    assert (m.steps, m.deduplicated, m.cache_saved_usd) == (12, 1, 0.75)
+    assert (m.device_count, m.usd_per_hour, m.notes) == (2, 4.0, ["x"])
+
+
+def test_a_record_round_trips_through_json_keeping_fields_it_does_not_name():
+    rec = worker(weights={"quantization": "int8", "weight_bytes": 7}, extra={"work_units": 3.0})
+    data = rec.to_json()
+    assert data["quantization"] == "int8" and data["work_units"] == 3.0  # flat, as stored
+    assert "workers" not in data  # a local run has no workers
+    assert RunRecord.from_json(data) == rec
