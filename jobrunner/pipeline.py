@@ -18,7 +18,7 @@ from jobrunner.lifecycle import JobSummary, OpenRun, RunOptions, execute
 from jobrunner.prep.stream import PrepStream
 from jobrunner.telemetry import profile
 from jobrunner.telemetry.device import detect_device
-from jobrunner.telemetry.prices import device_rate, run_price_fields
+from jobrunner.telemetry.prices import device_rate
 from jobrunner.telemetry.progress import Progress
 from jobrunner.telemetry.record import RunRecord
 from jobrunner.telemetry.run import RunTelemetry
@@ -55,16 +55,7 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
     grammar = getattr(engine, "compile_grammar", None)
     stream = PrepStream(cfg, started.loaded.tokenizer, run.skip_ids, compile_grammar=grammar)
     stream.start()
-    committer = Committer(
-        into_rundir(run.rundir, manifest),
-        started.loaded.source.name,
-        rate.usd_per_hour,
-        cfg.output.shard_rows,
-        cfg.output.shard_seconds,
-        stream.drain_errors,
-        measured_seconds=lambda: engine.stats.row_seconds,
-        expected_rows=run.total_rows - len(run.skip_ids),
-    )
+    committer = _committer(run, started, rate, stream)
     committer.start_clock(since=t0)  # model load is paid for too, by every row
     progress = Progress(
         run.total_rows - len(run.skip_ids),
@@ -79,16 +70,12 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
     committer.commit(final=True)
     record = RunRecord.of_engine(
         cfg,
-        engine,
+        started,
         device,
+        rate,
         wall_seconds=time.monotonic() - t0,
-        load_seconds=started.load_seconds,
         deduplicated=stream.deduplicated,
         skipped=stream.skipped,
-        usd_per_hour=rate.usd_per_hour,
-        price_source=rate.label,
-        weights=started.weights,
-        **run_price_fields(rate, cfg.cost),
     )
     if not interrupted:
         _record_profile(cfg, device, engine, committer, record)
@@ -98,6 +85,21 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
     )
     manifest.runs.append({**record.to_json(), **saved})
     return committer.rows_committed, interrupted
+
+
+def _committer(run: OpenRun, started, rate, stream: PrepStream) -> Committer:
+    """Shards every output.shard_rows rows or shard_seconds, priced by the work of each row."""
+    engine = started.engine
+    return Committer(
+        into_rundir(run.rundir, run.manifest),
+        started.loaded.source.name,
+        rate.usd_per_hour,
+        run.cfg.output.shard_rows,
+        run.cfg.output.shard_seconds,
+        stream.drain_errors,
+        measured_seconds=lambda: engine.stats.row_seconds,
+        expected_rows=run.total_rows - len(run.skip_ids),
+    )
 
 
 def _run_engine(engine, stream, committer: Committer, progress: Progress) -> bool:

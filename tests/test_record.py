@@ -43,3 +43,27 @@ def test_a_record_round_trips_through_json_keeping_fields_it_does_not_name():
     assert data["quantization"] == "int8" and data["work_units"] == 3.0  # flat, as stored
     assert "workers" not in data  # a local run has no workers
     assert RunRecord.from_json(data) == rec
+
+
+def test_the_record_of_a_started_engine_names_its_counters_price_and_weights():
+    from types import SimpleNamespace
+
+    from jobrunner.config import JobConfig
+    from jobrunner.engine.base import EngineStats
+    from jobrunner.telemetry.device import DeviceInfo
+    from jobrunner.telemetry.prices import device_rate
+
+    stats = EngineStats(engine_seconds=4.0, steps=9, kv_bytes_per_token=64)
+    started = SimpleNamespace(
+        engine=SimpleNamespace(kind="paged", stats=stats),
+        load_seconds=2.5,
+        weights={"quantization": "none"},
+    )
+    device = DeviceInfo("cpu", "AMD EPYC", 2)
+    rate = device_rate(device, JobConfig().cost)
+    rec = RunRecord.of_engine(JobConfig(), started, device, rate, wall_seconds=8.0, work_units=5)
+    assert (rec.engine, rec.steps, rec.load_seconds, rec.wall_seconds) == ("paged", 9, 2.5, 8.0)
+    assert (rec.usd_per_hour, rec.price_source) == (rate.usd_per_hour, rate.label)
+    assert rec.price_unit == rate.price.unit and rec.device_count == 2
+    assert rec.weights["quantization"] == "none" and rec.weights["kv_bytes_per_token"] == 64
+    assert rec.extra == {"work_units": 5}

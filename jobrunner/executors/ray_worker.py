@@ -30,7 +30,7 @@ from jobrunner.io.rundir import RunDir, read_ids
 from jobrunner.io.writers import write_atomic
 from jobrunner.prep.stream import Prep
 from jobrunner.telemetry.device import DeviceInfo, cpu_name, detect_device
-from jobrunner.telemetry.prices import device_rate, run_price_fields
+from jobrunner.telemetry.prices import device_rate
 from jobrunner.telemetry.record import RunRecord
 from jobrunner.telemetry.sampler import DEFAULT_INTERVAL, Sampler
 from jobrunner.types import Result, RowError
@@ -136,16 +136,12 @@ class BlockWorker:
     ) -> dict[str, Any]:
         record = RunRecord.of_engine(
             self.cfg,
-            self.engine,
+            self.started,
             self.device,
+            self.rate,
             executor="ray",
-            load_seconds=self.started.load_seconds,
             wall_seconds=time.monotonic() - self.t0,
             deduplicated=self.prep.deduplicated,
-            usd_per_hour=self.rate.usd_per_hour,
-            price_source=self.rate.label,
-            weights=self.started.weights,
-            **run_price_fields(self.rate, self.cfg.cost),
             **self.committer.savings.to_json(),
         )
         return {

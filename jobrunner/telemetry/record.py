@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobrunner.telemetry.prices import run_price_fields
+
 # counters each run record carries and the report sums over runs (and Ray sums over workers)
 ENGINE_COUNTERS = (
     "steps",
@@ -60,16 +62,22 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of_engine(cls, cfg: Any, engine: Any, device: Any, **fields: Any) -> RunRecord:
-        """The record of `engine` (its kind and counters) running `cfg` on `device`; `fields`
-        it does not name go to `extra`."""
+    def of_engine(cls, cfg: Any, started: Any, device: Any, rate: Any, **fields: Any) -> RunRecord:
+        """The record of an engine from `start_engine` (`started`: its kind, counters, load
+        time and weights) running `cfg` on `device` at `rate`; `fields` it does not name go to
+        `extra`."""
+        engine = started.engine
         st = engine.stats
+        fields = {**run_price_fields(rate, cfg.cost), **fields}
         names = {f.name for f in dataclasses.fields(cls)}
         extra = {k: fields.pop(k) for k in list(fields) if k not in names}
         return cls(
             job=cfg.name,
             model=cfg.model.source,
             engine=engine.kind,
+            load_seconds=started.load_seconds,
+            usd_per_hour=rate.usd_per_hour,
+            price_source=rate.label,
             engine_seconds=st.engine_seconds,
             forward_seconds=st.forward_seconds,
             **{k: getattr(st, k) for k in ENGINE_COUNTERS if k != "deduplicated"},
@@ -78,7 +86,7 @@ class RunRecord:
             device_count=device.count,
             notes=list(st.notes),
             weights={
-                **fields.pop("weights", {}),
+                **started.weights,
                 "kv_bytes_per_token": st.kv_bytes_per_token,
                 "num_kv_blocks": st.num_kv_blocks,
             },
