@@ -61,7 +61,14 @@ OWN_FILES = (
 )
 # Present in a directory before its first manifest: a run that stopped before writing one.
 BEFORE_MANIFEST = {".lock", "results", "input_rows.parquet", "estimate.json"}
-SHARD_NAME = re.compile(r"part-[A-Za-z0-9-]+\.(parquet|jsonl)")
+SHARD_NAME = re.compile(r"part-[A-Za-z0-9-]+(\.[a-z0-9]+)")  # and a shard format's suffix
+
+
+def is_shard_name(name: str) -> bool:
+    m = SHARD_NAME.fullmatch(name)
+    return bool(m) and any(m[1] == f.suffix for f in FORMATS.values() if f.suffix)
+
+
 TEMP_NAME = re.compile(r"\..+\.tmp\d*")
 # Tests only: `JOBRUNNER_FAULT_KILL=after_errors:2` SIGKILLs this process at that point of the
 # 2nd commit (points: after_errors, after_shard, after_manifest).
@@ -191,7 +198,7 @@ class RunDir:
     def _check_results(self) -> None:
         """results/ holds the job's shards only: anything else is named, never read as rows."""
         for p in sorted(self.results.iterdir()):
-            if not (SHARD_NAME.fullmatch(p.name) and p.is_file()):
+            if not (is_shard_name(p.name) and p.is_file()):
                 raise RunDirError(
                     f"{p} is not a shard of this run (results/ holds only part-*.parquet or"
                     " part-*.jsonl files that jobrunner wrote): move it out of results/ and run"
@@ -210,7 +217,7 @@ class RunDir:
 
     def shard_files(self) -> list[Path]:
         return (
-            sorted(p for p in self.results.iterdir() if SHARD_NAME.fullmatch(p.name))
+            sorted(p for p in self.results.iterdir() if is_shard_name(p.name))
             if self.results.is_dir()
             else []
         )
