@@ -21,7 +21,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +109,7 @@ class RunDir:
         self.manifest_path = self.path / "manifest.json"
         self.errors_path = self.path / "errors.jsonl"
         self.success_path = self.path / "_SUCCESS"
-        self._error_places: set[tuple] = set()  # (file, row) of committed errors without an id
+        self._error_places = ErrorPlaces()
         self._commits = 0
 
     # ----------------------------------------------------------------- state
@@ -178,7 +178,7 @@ class RunDir:
             reasons = self._read_checked(f, "finish_reason")
             m.shards.append({"name": f.name, "rows": len(reasons)})
             succeeded += sum(r != "error" for r in reasons)
-        self._error_places = {_place(e) for e in self.iter_errors() if e.get("id") is None}
+        self._error_places = ErrorPlaces(self.iter_errors())
         m.counts["succeeded"] = succeeded
         m.counts["failed"] = sum(1 for _ in self.iter_errors())
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
@@ -275,7 +275,7 @@ class RunDir:
         if path is not None:
             tmp, records, failed = self._write_shard(records, path, sources)
             errors = [*errors, *failed]
-        errors = self._new_errors(errors)
+        errors = self._error_places.new(errors)
         if errors:
             with naming(self.errors_path), open(self.errors_path, "a", encoding="utf-8") as f:
                 for e in errors:
@@ -318,18 +318,6 @@ class RunDir:
         kept = [r for i, r in enumerate(records) if i not in bad]
         return (write_temp(kept, path, self.shards.write) if kept else None), kept, failed
 
-    def _new_errors(self, errors: list[RowError]) -> list[RowError]:
-        """Rows without an id are re-read on every resume: commit each place's error once."""
-        out = []
-        for e in errors:
-            place = _place(e.to_json())
-            if e.id is None and place in self._error_places:
-                continue
-            if e.id is None:
-                self._error_places.add(place)
-            out.append(e)
-        return out
-
     def forget_failed(self, m: Manifest) -> int:
         """--retry-errors: failed rows become pending again. Returns how many there were.
 
@@ -348,7 +336,7 @@ class RunDir:
             _drop_failed_rows(f)
         self.errors_path.unlink(missing_ok=True)
         fsync_dir(self.path)
-        self._error_places = set()
+        self._error_places = ErrorPlaces()
         self._settle_retired(m)
         self.recount(m)
         self.save_manifest(m)
@@ -386,6 +374,26 @@ def error_line(record: dict[str, Any]) -> str:
     except UnicodeEncodeError:
         line = json.dumps(record, default=str)
     return line + "\n"
+
+
+class ErrorPlaces:
+    """The (file, row) of committed errors without an id. Such rows are re-read on every
+    resume, so each place's error is committed once (both run-directory kinds)."""
+
+    def __init__(self, committed: Iterable[dict[str, Any]] = ()) -> None:
+        self._seen = {_place(e) for e in committed if e.get("id") is None}
+
+    def new(self, errors: list[RowError]) -> list[RowError]:
+        """`errors` less those of a place already committed; records the new places."""
+        out = []
+        for e in errors:
+            if e.id is None:
+                place = _place(e.to_json())
+                if place in self._seen:
+                    continue
+                self._seen.add(place)
+            out.append(e)
+        return out
 
 
 def _place(e: dict[str, Any]) -> tuple:

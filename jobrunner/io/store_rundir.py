@@ -36,7 +36,7 @@ from jobrunner.errors import RunLocked, StoreError
 from jobrunner.formats import FORMATS
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
 from jobrunner.io.ids import IdSet, hash_ids
-from jobrunner.io.rundir import Manifest, fault
+from jobrunner.io.rundir import ErrorPlaces, Manifest, fault
 from jobrunner.types import RowError
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class StoreRunDir:
         self._errors: list[dict[str, Any]] = []  # {name, lines}
         self._seq = -1  # the last commit record this process has read or written
         self._head: dict[str, Any] | None = None  # the manifest of the last record holding one
-        self._error_places: set[tuple] = set()
+        self._error_places = ErrorPlaces()
         self._commits = 0
 
     @property
@@ -110,7 +110,7 @@ class StoreRunDir:
             )
         self.path.mkdir(parents=True, exist_ok=True)
         m = self.load_manifest() or Manifest(started_at=time.time())
-        self._error_places = {_place(e) for e in self.iter_errors() if e.get("id") is None}
+        self._error_places = ErrorPlaces(self.iter_errors())
         return m
 
     def recount(self, m: Manifest) -> None:
@@ -156,7 +156,7 @@ class StoreRunDir:
     def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
         self._commits += 1
         n = self._seq + 1
-        errors = self._new_errors(errors)
+        errors = self._error_places.new(errors)
         entry: dict[str, Any] = {}
         if errors:
             lines = "".join(
@@ -213,17 +213,6 @@ class StoreRunDir:
                 f"{self.url}: writing {key.rsplit('/', 1)[-1]} failed ({e}); the commits before"
                 " it are kept: run the same command again to continue"
             ) from e
-
-    def _new_errors(self, errors: list[RowError]) -> list[RowError]:
-        out = []
-        for e in errors:
-            place = _place(e.to_json())
-            if e.id is None and place in self._error_places:
-                continue
-            if e.id is None:
-                self._error_places.add(place)
-            out.append(e)
-        return out
 
     def forget_failed(self, m: Manifest) -> int:
         raise StoreError(
@@ -325,10 +314,6 @@ def _encode(records: list[dict[str, Any]], fmt: str) -> bytes:
 def _seq(key: str) -> int:
     name = key.rsplit("/", 1)[-1]
     return int(name.split(".")[0]) if name.split(".")[0].isdigit() else -1
-
-
-def _place(e: dict[str, Any]) -> tuple:
-    return (e.get("file"), e.get("row"))
 
 
 def open_rundir(
