@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobrunner.config import JobConfig
+from jobrunner.errors import JobError
 from jobrunner.executors.ray_blocks import (
     claim_run,
     fragment_files,
@@ -157,6 +158,28 @@ def test_one_worker_per_gpu_else_one_per_cpus_per_worker():
     assert pool_size(sized, {"CPU": 2}) == (3, 1.0, 0.0)
 
 
+def test_a_block_is_prepared_as_the_local_run_prepares_its_input(tmp_path):
+    """A worker's Prep over one block: committed rows skipped, a duplicate run once, shared
+    heads next to each other (prefix ordering), as the local run's stream does."""
+    from jobrunner.engine.loader import load_tokenizer
+    from jobrunner.executors.ray_blocks import unpack_block
+    from jobrunner.prep.stream import Prep
+
+    heads = {"a": "Answer in French, politely and briefly: ", "b": "Reply as a pirate would: "}
+    src = tmp_path / "in.jsonl"
+    rows = [(f"{h}{i}", f"{heads[h]}question {i}") for i in range(3) for h in "ab"]
+    rows.append(("dup", rows[0][1]))
+    src.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in rows))
+    cfg = JobConfig.model_validate({"input": {"path": str(src)}})
+    (block,) = plan_blocks(cfg, skip_ids=set(), block_rows=16).blocks
+    prep = Prep(cfg, load_tokenizer(cfg.model), skip_ids={"b1"})
+    ids = [r.id for r in prep.requests(unpack_block(block["payload"])[0])]
+    assert sorted(ids) == ["a0", "a1", "a2", "b0", "b2"]  # b1 committed, dup rides along a0
+    assert prep.skipped == 1 and prep.deduplicated == 1
+    firsts = [k for k, i in enumerate(ids) if k == 0 or i[0] != ids[k - 1][0]]
+    assert len(firsts) == 2  # the a rows together, the b rows together
+
+
 # ------------------------------------------------------------ a real cluster, the real model
 
 
@@ -216,10 +239,19 @@ def local_results(local_run) -> dict[str, tuple]:
 
 
 def sections(out: Path) -> tuple[list[str], list[str]]:
-    """report.json's keys and report.md's headings."""
+    """report.json's key paths (nested objects included) and report.md's headings."""
     report = json.loads((out / "report.json").read_text())
     md = (out / "report.md").read_text().splitlines()
-    return sorted(report), [line for line in md if line.startswith("#")]
+    return key_paths(report), [line for line in md if line.startswith("#")]
+
+
+def key_paths(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out.append(prefix + k)
+        if isinstance(v, dict):
+            out += key_paths(v, f"{prefix}{k}.")
+    return sorted(out)
 
 
 @pytest.mark.slow
@@ -244,7 +276,8 @@ def test_ray_run_equals_local_run_and_reports_each_worker(
     report = json.loads((out / "report.json").read_text())
     assert report["cost"]["cost_usd"] == pytest.approx(sum(w["cost_usd"] for w in rec["workers"]))
     assert report["workers"] == rec["workers"]
-    assert sections(out)[0] == sections(local_run)[0]  # the same report as a local run
+    ray_keys, local_keys = sections(out)[0], sections(local_run)[0]
+    assert ray_keys == local_keys, set(ray_keys) ^ set(local_keys)  # the same report
     assert sections(out)[1][1:] == sections(local_run)[1][1:]  # (the title names the job)
     workers = {w["worker"] for w in rec["workers"]}
     steps = read_timeline(out, STEPS_FILE)
@@ -254,6 +287,21 @@ def test_ray_run_equals_local_run_and_reports_each_worker(
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert run(job(input_file, out)).status == "nothing_to_do"  # promise 8, no cluster needed
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_a_worker_runs_the_quality_gate_and_the_driver_exits_with_its_answer(
+    cluster, input_file, tmp_path
+):
+    out = tmp_path / "run"
+    data = job(input_file, out)
+    data["model"].update(quantization="int4", quality_check=3, quality_min_agreement=1.0)
+    with pytest.raises(JobError) as failed:
+        run(data)
+    assert failed.value.exit_code == 65, failed.value
+    assert "model.quality_min_agreement" in str(failed.value)
+    assert not (out / "_SUCCESS").exists()
+    assert not list((out / "results").glob("part-*"))
 
 
 @pytest.mark.slow
