@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
-from jobrunner.engine.loader import cpu_has_amx, load_tokenizer, local_dir_or_gguf
+from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, pick_dtype
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
@@ -271,7 +271,10 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
 def compute_dtype_bytes(cfg: JobConfig) -> int:
     """Bytes of one activation (and KV-cache value, under kv_cache_dtype: auto)."""
     if cfg.model.dtype == "auto" and detect_device().kind == "cpu":
-        return 2 if cpu_has_amx() else 4
+        import torch
+
+        dtype, _ = pick_dtype("auto", torch.device("cpu"), local_dir_or_gguf(cfg.model))
+        return dtype.itemsize
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2)
 
 

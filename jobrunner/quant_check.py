@@ -156,6 +156,8 @@ def write_plan(job_file: Path, target: Path, mode: str, plan: list[str]) -> None
 def report_section(run: dict[str, Any]) -> dict[str, Any]:
     """Weights, KV cache and quality figures of a run record (manifest.runs[-1])."""
     return {
+        "dtype": run.get("dtype"),
+        "dtype_reason": run.get("dtype_reason"),
         "quantization": run.get("quantization", "none"),
         "kv_cache_dtype": run.get("kv_cache_dtype", "auto"),
         "weight_bytes": run.get("weight_bytes"),
@@ -176,6 +178,7 @@ def markdown_lines(s: dict[str, Any] | None) -> list[str]:
         "| what | value |",
         "| --- | --- |",
         f"| weights | {s['quantization']}, {s['weight_bytes']:,} bytes |",
+        *([f"| compute dtype | {s['dtype']} ({s['dtype_reason']}) |"] if s.get("dtype") else []),
         f"| KV cache | {s['kv_cache_dtype']}, {kv:,} bytes/token, {s['num_kv_blocks']:,} blocks |"
         if kv
         else f"| KV cache | {s['kv_cache_dtype']} |",

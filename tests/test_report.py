@@ -112,6 +112,9 @@ def test_markdown_and_prometheus_show_the_same_totals(run):
     )
     assert f"| $ per 1M input tokens | ${r['cost']['usd_per_1m_input_tokens']:,.4f} |" in md
     assert "## Where the time went" in md and "## Estimate vs actual" in md
+    # which compute dtype ran, and why (here the job file names it)
+    assert r["model_memory"]["dtype"] == "float32"
+    assert "| compute dtype | float32 (model.dtype) |" in md
     samples = {
         s.name: s.value
         for f in text_string_to_metric_families((run / "metrics.prom").read_text())

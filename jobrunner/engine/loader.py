@@ -7,11 +7,11 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from jobrunner.config import ModelConfig
+from jobrunner.engine.dtype_probe import choose_cpu_dtype
 from jobrunner.engine.resolve import ModelSource, gguf_cache_path, resolve_source
 from jobrunner.errors import ConfigError
 
@@ -27,6 +27,7 @@ class LoadedModel:
     dtype: Any  # torch.dtype
     weights_dir: str  # local HF directory holding config.json + safetensors
     encoder: bool = False  # an encoder (BERT family) loaded as AutoModel: embed jobs only
+    dtype_reason: str = ""  # why this dtype (model.dtype auto: the rule or the measurement)
 
     @property
     def hf_config(self) -> Any:
@@ -58,8 +59,8 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
 
     src = resolve_source(cfg.source)
     device = pick_device(cfg.device)
-    dtype = pick_dtype(cfg.dtype, device)
     weights_dir = _ensure_dense(src)
+    dtype, dtype_reason = pick_dtype(cfg.dtype, device, weights_dir)
     encoder = is_encoder_dir(weights_dir)
     auto = AutoModel if encoder else AutoModelForCausalLM
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
@@ -80,7 +81,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     torch.set_grad_enabled(False)
     tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     log.info("loaded %s on %s as %s", src.name, device, str(dtype).removeprefix("torch."))
-    return LoadedModel(model, tok, src, device, dtype, weights_dir, encoder)
+    return LoadedModel(model, tok, src, device, dtype, weights_dir, encoder, dtype_reason)
 
 
 def is_encoder_dir(weights_dir: str) -> bool:
@@ -109,28 +110,34 @@ def pick_device(name: str) -> Any:
     return torch.device(name)
 
 
-def pick_dtype(name: str, device: Any) -> Any:
-    """`auto`: bfloat16 where the hardware runs it fast (CUDA, CPUs with AMX), else float32.
-
-    AVX512-BF16 alone is not enough: on such a CPU (no AMX) a bf16 matmul measured 174 GFLOP/s
-    against 318 in float32, so float32 is both faster and exact there.
-    """
+def pick_dtype(name: str, device: Any, weights_dir: str | None = None) -> tuple[Any, str]:
+    """The compute dtype and why. `auto`: bfloat16 on CUDA (float16 where bf16 is not
+    supported); on a CPU, whichever of float32 and bfloat16 measures faster on the model's
+    shapes (engine/dtype_probe.py, cached per CPU model and thread count)."""
     import torch
 
     if name != "auto":
-        return getattr(torch, name)
+        return getattr(torch, name), "model.dtype"
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_amx() else torch.float32
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "auto: CUDA device"
+        return torch.float16, "auto: CUDA device without bfloat16"
+    hidden, intermediate = _linear_shape(weights_dir)
+    if not hidden:
+        return torch.float32, "auto: model shape unknown, float32"
+    choice = choose_cpu_dtype(hidden, intermediate)
+    return getattr(torch, choice.dtype), f"auto: {choice.reason}"
 
 
-@lru_cache(maxsize=1)
-def cpu_has_amx() -> bool:
+def _linear_shape(weights_dir: str | None) -> tuple[int, int]:
+    """(hidden size, MLP size) from config.json; (0, 0) when it does not say."""
     try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags
+        conf = json.loads((Path(weights_dir or "") / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0, 0
+    hidden = conf.get("hidden_size") or conf.get("n_embd") or 0
+    inter = conf.get("intermediate_size") or conf.get("n_inner") or 4 * hidden
+    return (int(hidden), int(inter)) if isinstance(hidden, int) else (0, 0)
 
 
 def local_dir_or_gguf(cfg: ModelConfig) -> str:

@@ -141,6 +141,8 @@ class RunRecord:
 
 # what prepare_weights and the KV cache add to a record (the model-memory section reads them)
 WEIGHT_FIELDS = (
+    "dtype",
+    "dtype_reason",
     "kv_cache_dtype",
     "quality",
     "quantization",

@@ -22,7 +22,11 @@ def prepare_weights(loaded: Any, cfg: Any) -> dict[str, Any]:
             f"model.kv_cache_dtype: a {m.kv_cache_dtype} KV cache needs the paged"
             " engine (engine.kind: paged); the static engine keeps HF's cache"
         )
-    record: dict[str, Any] = {"kv_cache_dtype": m.kv_cache_dtype}
+    record: dict[str, Any] = {
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "dtype_reason": getattr(loaded, "dtype_reason", ""),
+        "kv_cache_dtype": m.kv_cache_dtype,
+    }
     if (m.quantization != "none" or m.kv_cache_dtype != "auto") and m.quality_check:
         quality = run_quality_check(loaded, cfg, lambda: apply_quantization(loaded, m))
         record["quality"] = quality.to_json()

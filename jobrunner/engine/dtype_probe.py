@@ -1,0 +1,146 @@
+"""`model.dtype: auto` on a CPU, chosen by measurement: time the model's own linear shapes in
+float32 and in bfloat16 and keep the faster, once per CPU model, thread count, torch version and
+model shape (the choice is cached in the user's cache directory).
+
+A rule cannot make this choice: on a Zen 5 (AVX-512 BF16, no AMX) a whole bf16 job ran twice as
+fast as float32, because decode steps are memory-bound and bf16 halves the weight traffic, while
+a large bf16 matmul alone ran at half float32's rate; on a Zen 3 (AVX2 only) bf16 is emulated
+and every shape is several times slower. float32 is exact (the oracle's dtype), so bfloat16 must
+win clearly (MARGIN) to be chosen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from jobrunner.engine.resolve import cache_dir
+from jobrunner.telemetry.device import cpu_family, cpu_name
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "dtype_choice.json"
+MARGIN = 1.15  # bfloat16 must be this much faster than float32 to be chosen
+DECODE_ROWS = 32  # a decode step of a modest batch (memory-bound)
+PREFILL_ROWS = 256  # a prefill chunk (compute-bound: one copy of the weights is enough)
+TRAFFIC_BYTES = 64 << 20  # float32 weight bytes per decode pass, beyond most last-level caches
+GIVE_UP = 1.5  # a candidate whose first pass is this much slower than float32 cannot win
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: str  # "float32" or "bfloat16"
+    reason: str  # one line for the log and the report
+    seconds_per_token: dict[str, float]  # candidate -> measured (decode + prefill) / 2
+
+
+def choose_cpu_dtype(hidden: int, intermediate: int) -> DtypeChoice:
+    """The faster dtype for a model of these linear shapes on this CPU (cached)."""
+    import torch
+
+    key = _key(hidden, intermediate, torch.get_num_threads(), torch.__version__)
+    cache = _read_cache()
+    if key in cache:
+        return DtypeChoice(**cache[key])
+    choice = measure(hidden, intermediate)
+    cache[key] = asdict(choice)
+    _write_cache(cache)
+    log.info("model.dtype auto: %s", choice.reason)
+    return choice
+
+
+def measure(hidden: int, intermediate: int) -> DtypeChoice:
+    import torch
+
+    if not _has_native_bf16():
+        return DtypeChoice("float32", f"{_cpu()} has no bfloat16 instructions", {})
+    per_token = {"float32": _time_dtype(torch.float32, hidden, intermediate)}
+    per_token["bfloat16"] = _time_dtype(torch.bfloat16, hidden, intermediate, per_token["float32"])
+    speedup = per_token["float32"] / per_token["bfloat16"]
+    dtype = "bfloat16" if speedup >= MARGIN else "float32"
+    reason = (
+        f"measured on {_cpu()}, {torch.get_num_threads()} threads: bfloat16 runs this"
+        f" model's linear layers {speedup:.2f}x as fast as float32"
+        f" ({'chosen' if dtype == 'bfloat16' else f'below the {MARGIN}x needed to leave exact float32'})"
+    )
+    return DtypeChoice(dtype, reason, per_token)
+
+
+def _time_dtype(dtype: Any, hidden: int, intermediate: int, rival: float | None = None) -> float:
+    """Seconds per token, the mean of a decode step and a prefill chunk over the model's MLP
+    shapes, through the path the engine takes for that dtype (float32: the packed small-row
+    linear). Decode cycles through copies of the weights, so they come from memory as in a real
+    step; prefill is compute-bound and uses one copy."""
+    import torch
+    import torch.nn.functional as F
+
+    from jobrunner.engine.paged.small_linear import SmallRowLinear
+
+    shapes = [(intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]
+    copies = max(1, TRAFFIC_BYTES // (sum(o * i for o, i in shapes) * 4))
+    # the values do not change the speed (no denormals); filling is much faster than randn
+    weights = [torch.full((o, i), 0.01, dtype=dtype) for _ in range(copies) for o, i in shapes]
+    linear = SmallRowLinear() if dtype == torch.float32 else None
+    total = 0.0
+    for rows, ws in ((DECODE_ROWS, weights), (PREFILL_ROWS, weights[: len(shapes)])):
+        xs = {n: torch.full((rows, n), 0.5, dtype=dtype) for n in (hidden, intermediate)}
+        first = _pass(ws, xs, linear or F.linear) / rows  # packs float32 weights, warms caches
+        if rival is not None and first > GIVE_UP * 2 * rival:
+            return first  # one pass is enough to say it loses
+        total += min(_pass(ws, xs, linear or F.linear) for _ in range(2)) / rows
+    return total / 2
+
+
+def _pass(weights: list[Any], xs: dict[int, Any], linear: Any) -> float:
+    t0 = time.perf_counter()
+    for w in weights:
+        linear(xs[w.shape[1]], w, None)
+    return time.perf_counter() - t0
+
+
+def _has_native_bf16() -> bool:
+    """Whether the CPU computes in bfloat16 (AVX-512 BF16, AMX, or Arm's BF16 extension)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _key(hidden: int, intermediate: int, threads: int, torch_version: str) -> str:
+    return f"{_cpu()}|{threads} threads|torch {torch_version}|{hidden}x{intermediate}"
+
+
+def _cpu() -> str:
+    """A cloud VM's model name is often just "AMD EPYC": the microarchitecture tells them apart."""
+    family = cpu_family()
+    return f"{cpu_name()} ({family})" if family else cpu_name()
+
+
+def _cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(_cache_path().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(cache: dict[str, Any]) -> None:
+    """Best effort: a cache that cannot be written means measuring again next time."""
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("cannot cache the dtype choice in %s: %s", path, e)

@@ -1,0 +1,90 @@
+"""model.dtype auto on a CPU: chosen by measuring both dtypes on the model's shapes, cached."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from jobrunner.config import ModelConfig
+from jobrunner.engine import dtype_probe
+from jobrunner.engine.loader import load_model, pick_dtype
+from jobrunner.telemetry.device import cpu_name
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    # only the choice's cache moves: the model's converted weights stay in the user's cache
+    path = tmp_path / "jobrunner" / dtype_probe.CACHE_FILE
+    monkeypatch.setattr(dtype_probe, "_cache_path", lambda: path)
+    return path
+
+
+def fake_timings(monkeypatch, f32: float, bf16: float) -> list[str]:
+    calls: list[str] = []
+
+    def timed(dtype, hidden, intermediate, rival=None):
+        calls.append(str(dtype).removeprefix("torch."))
+        return f32 if dtype == torch.float32 else bf16
+
+    monkeypatch.setattr(dtype_probe, "_has_native_bf16", lambda: True)
+    monkeypatch.setattr(dtype_probe, "_time_dtype", timed)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("f32", "bf16", "chosen"),
+    [(2.0, 1.0, "bfloat16"), (1.1, 1.0, "float32"), (1.0, 3.0, "float32")],
+)
+def test_bfloat16_is_chosen_only_when_it_is_clearly_faster(monkeypatch, f32, bf16, chosen):
+    fake_timings(monkeypatch, f32, bf16)
+    choice = dtype_probe.measure(576, 1536)
+    assert choice.dtype == chosen
+    assert f"{f32 / bf16:.2f}x" in choice.reason and cpu_name() in choice.reason
+
+
+def test_a_cpu_without_bfloat16_instructions_keeps_float32_without_measuring(monkeypatch):
+    monkeypatch.setattr(dtype_probe, "_has_native_bf16", lambda: False)
+    monkeypatch.setattr(dtype_probe, "_time_dtype", lambda *a, **k: pytest.fail("measured"))
+    choice = dtype_probe.measure(576, 1536)
+    assert choice.dtype == "float32" and "no bfloat16 instructions" in choice.reason
+
+
+def test_the_choice_is_measured_once_per_cpu_thread_count_and_shape(monkeypatch, cache_home):
+    calls = fake_timings(monkeypatch, 2.0, 1.0)
+    first = dtype_probe.choose_cpu_dtype(576, 1536)
+    assert dtype_probe.choose_cpu_dtype(576, 1536) == first
+    assert calls == ["float32", "bfloat16"]  # the second answer came from the cache
+    (key,) = json.loads(cache_home.read_text())
+    assert cpu_name() in key and f"{torch.get_num_threads()} threads" in key
+    dtype_probe.choose_cpu_dtype(2048, 8192)  # another model shape is measured anew
+    assert len(calls) == 4
+
+
+def test_an_unwritable_cache_only_means_measuring_again(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache's folder must go
+    monkeypatch.setattr(dtype_probe, "_cache_path", lambda: blocker / dtype_probe.CACHE_FILE)
+    calls = fake_timings(monkeypatch, 1.0, 2.0)
+    assert dtype_probe.choose_cpu_dtype(576, 1536).dtype == "float32"
+    assert dtype_probe.choose_cpu_dtype(576, 1536).dtype == "float32"
+    assert len(calls) == 4
+
+
+def test_the_real_measurement_returns_a_per_token_time_for_each_dtype():
+    f32 = dtype_probe._time_dtype(torch.float32, 576, 1536)  # SmolLM2's shapes
+    bf16 = dtype_probe._time_dtype(torch.bfloat16, 576, 1536, f32)
+    assert f32 > 0 and bf16 > 0
+
+
+def test_auto_on_cpu_loads_the_built_in_model_in_the_chosen_dtype(monkeypatch, cache_home):
+    fake_timings(monkeypatch, 2.0, 1.0)  # as a CPU where bfloat16 wins
+    loaded = load_model(ModelConfig(dtype="auto"))
+    assert loaded.dtype == torch.bfloat16
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+    assert loaded.dtype_reason.startswith("auto: measured on")
+
+
+def test_a_named_dtype_is_taken_as_given():
+    assert pick_dtype("float32", torch.device("cpu")) == (torch.float32, "model.dtype")
