@@ -154,15 +154,15 @@ def _close(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> JobSumm
         if finalize:
             finalize(rundir, manifest, cfg)
     m = manifest or rundir.load_manifest() or Manifest()
-    failure = _error_rate_error(cfg, m.counts, rundir.path)
+    failure = _error_rate_error(cfg, m.counts, rundir.location)
     code = failure.exit_code if failure else 0
     if m.finished_at is None or m.outcome.get("exit_code") != code:
         rundir.mark_finished(m, code, str(failure) if failure else "")
     report = write_reports(rundir) if ran else _load_or_rebuild_report(rundir)
-    if failure is None and not rundir.success_path.is_file():
+    if failure is None and not rundir.success_marked:
         rundir.mark_success()
-    elif failure is not None and rundir.success_path.is_file():
-        rundir.success_path.unlink()  # a lowered max_error_rate: the job no longer passes
+    elif failure is not None and rundir.success_marked:
+        rundir.unmark_success()
     if failure:
         raise failure
     rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}

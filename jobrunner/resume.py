@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from jobrunner.io.identity import (
     row_digest,
 )
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.io.rundir import OWN_FILES, Manifest, RunDir, check_ours, make_run_dir
+from jobrunner.io.rundir import Manifest, RunDir, make_run_dir
 
 MAX_DUPLICATES_LISTED = 10
 log = logging.getLogger(__name__)
@@ -61,12 +60,12 @@ def job_fingerprint(parts: dict) -> dict:
 @contextlib.contextmanager
 def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, set[str], int]]:
     """Yields (manifest, ids already terminal, input rows). Holds the run lock meanwhile."""
-    make_run_dir(rundir.path)
-    check_ours(rundir)  # before the lock file: a directory that is not ours gets nothing
+    make_run_dir(rundir.path)  # a store run directory's local staging directory
+    rundir.check_ours()  # before the lock file: a directory that is not ours gets nothing
     with _lock(rundir):
-        check_ours(rundir)
+        rundir.check_ours()
         if opts.restart:
-            _clear(rundir)
+            rundir.clear()
         manifest = rundir.prepare()
         parts = job_parts(cfg, manifest.job.get("input"))
         _check_settings(rundir, manifest, parts)
@@ -89,6 +88,7 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
             rows = old_rows or RowDigests()
             rows.replace(scan.rows, need | changes.paths)
             rows.save(rundir.path / ROWS_FILE)  # before the manifest that names its input
+            rundir.keep_side_file(ROWS_FILE)
         manifest.fingerprint, manifest.job = job_fingerprint(parts), parts
         rundir.save_manifest(manifest)
         yield manifest, committed, scan.total
@@ -285,16 +285,6 @@ def _diff(key: str, old, new) -> list[str]:
     if old is None:
         return [key]
     return [f"{key}: {old!r} -> {new!r}"]
-
-
-def _clear(rundir: RunDir) -> None:
-    """--restart: remove what runs write (check_ours made sure the directory is a run's)."""
-    for name in OWN_FILES:
-        p = rundir.path / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
 
 
 @contextlib.contextmanager

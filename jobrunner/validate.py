@@ -67,7 +67,7 @@ def check_output(cfg: JobConfig) -> str:
 
     path = Path(cfg.output.path)
     if "://" in cfg.output.path:
-        return "new"
+        return _check_store_output(cfg)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output.path: {path} is a file; the run directory must be a folder")
     if not path.exists():
@@ -78,6 +78,18 @@ def check_output(cfg: JobConfig) -> str:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"output.path: {path} is not writable")
     rundir = RunDir(path)
+    if rundir.load_manifest() is None:
+        return "new"
+    check_same_job(rundir, cfg)
+    return "finished" if rundir.finished else "resumes"
+
+
+def _check_store_output(cfg: JobConfig) -> str:
+    from jobrunner.io.store_rundir import open_rundir
+    from jobrunner.resume import check_same_job
+
+    rundir = open_rundir(cfg.output.path)
+    rundir.check_ours()
     if rundir.load_manifest() is None:
         return "new"
     check_same_job(rundir, cfg)

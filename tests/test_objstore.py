@@ -121,3 +121,32 @@ def test_a_failed_put_mid_commit_keeps_the_earlier_commits(s3_env, monkeypatch):
     fs, root = store.filesystem(url)
     assert len(fs.ls(f"{root}/errors")) == 1  # the failed commit's errors object is collected
     assert StoreRunDir(url).committed_ids() == {"r0", "r1", "r2"}
+
+
+def test_a_prefix_holding_other_objects_is_refused(s3_env):
+    import pytest
+
+    from jobrunner.errors import RunDirError
+    from jobrunner.io.store_rundir import StoreRunDir
+
+    f, root = store.filesystem(f"{s3_env}/mine")
+    f.pipe_file(f"{root}/notes.txt", b"the user's")
+    with pytest.raises(RunDirError, match="holds no jobrunner run .* notes.txt"):
+        StoreRunDir(f"{s3_env}/mine").check_ours()
+    StoreRunDir(f"{s3_env}/empty").check_ours()  # an empty prefix is fine
+
+
+def test_a_store_without_conditional_writes_warns_and_checks_first(s3_env, caplog):
+    import pytest
+
+    from jobrunner.errors import RunLocked
+    from jobrunner.io.store_rundir import StoreRunDir
+
+    url = f"{s3_env}/run"
+    a, b = StoreRunDir(url), StoreRunDir(url)
+    a.conditional = b.conditional = False  # as on a store fs.CONDITIONAL_CREATE lacks
+    ma, mb = a.prepare(), b.prepare()
+    assert "no conditional writes; run one job at a time" in caplog.text
+    a.save_manifest(ma)
+    with pytest.raises(RunLocked):  # the existence check still catches a run that came later
+        b.save_manifest(mb)

@@ -127,6 +127,23 @@ def file_size(path: str, anonymous: bool | None = None) -> int:
     return int(fs.size(p))
 
 
+def file_stat(path: str) -> tuple[int, int]:
+    """(size in bytes, last-modified time in ns) of a local file or a store object."""
+    if not is_remote(path):
+        st = os.stat(local_path(path))
+        return st.st_size, st.st_mtime_ns
+    fs, p = filesystem(path)
+    info = fs.info(p)
+    when = info.get("LastModified") or info.get("mtime") or info.get("updated") or 0
+    if hasattr(when, "timestamp"):
+        when = when.timestamp()
+    elif isinstance(when, str):
+        from datetime import datetime
+
+        when = datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+    return int(info["size"]), int(float(when) * 1e9)
+
+
 def _hf_cached(path: str) -> str:
     """`hf://datasets/owner/name[@rev]/file-or-glob` in the local HF cache (offline mode)."""
     rest = path.split("://", 1)[1]

@@ -22,12 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobrunner.io.fs import file_stat, filesystem, is_remote, open_file
+
 CHUNK = 1 << 22
 ROWS_FILE = "input_rows.parquet"
 
 
-def input_root(path: str) -> Path:
-    """The folder input file names are relative to."""
+def input_root(path: str) -> Path | str:
+    """The folder input file names are relative to (on a store: its URL, without a slash)."""
+    if is_remote(path):
+        return _store_root(path)
     p = Path(path).expanduser()
     if p.is_file():
         return p.resolve().parent
@@ -41,8 +45,20 @@ def input_root(path: str) -> Path:
     return Path(*fixed).resolve() if fixed else Path.cwd()
 
 
-def relative_name(file: str, root: Path) -> str:
+def _store_root(url: str) -> str:
+    scheme_, rest = url.split("://", 1)
+    parts = rest.rstrip("/").split("/")
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), None)
+    if fixed is None:
+        fs, p = filesystem(url)
+        fixed = len(parts) - 1 if fs.isfile(p) else len(parts)
+    return f"{scheme_}://{'/'.join(parts[:fixed])}"
+
+
+def relative_name(file: str, root: Path | str) -> str:
     """`file` relative to `root` (POSIX separators); absolute when it lies outside."""
+    if isinstance(root, str):  # a store URL: names are keys, nothing to resolve
+        return file[len(root) + 1 :] if file.startswith(root + "/") else file
     full = Path(file).resolve()
     try:
         return full.relative_to(root).as_posix()
@@ -52,20 +68,20 @@ def relative_name(file: str, root: Path) -> str:
 
 def file_digest(path: str) -> str:
     h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
 
 
-def file_records(files: list[str], root: Path, previous: list[dict] | None) -> list[dict]:
+def file_records(files: list[str], root: Path | str, previous: list[dict] | None) -> list[dict]:
     """{path, size, mtime_ns, blake2b} per file; a file whose size and mtime match `previous`
-    keeps its recorded hash unread."""
+    keeps its recorded hash unread. A store object's mtime is its last-modified time."""
     known = {r["path"]: r for r in previous or [] if isinstance(r, dict)}
     out = []
     for f in files:
-        st = os.stat(f)
-        rec = {"path": relative_name(f, root), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        size, mtime_ns = file_stat(f)
+        rec = {"path": relative_name(f, root), "size": size, "mtime_ns": mtime_ns}
         old = known.get(rec["path"])
         same_stat = (
             old and old.get("size") == rec["size"] and old.get("mtime_ns") == rec["mtime_ns"]

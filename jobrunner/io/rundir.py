@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -120,6 +121,29 @@ class RunDir:
 
     def publish(self) -> None:
         """Side files are written in place (a store run directory uploads them here)."""
+
+    def keep_side_file(self, name: str) -> None:
+        """`path / name` is the run directory's own file already (a store uploads it)."""
+
+    def check_ours(self) -> None:
+        check_ours(self)
+
+    def clear(self) -> None:
+        """--restart: remove what runs write (check_ours made sure the directory is a run's)."""
+        for name in OWN_FILES:
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+
+    @property
+    def success_marked(self) -> bool:
+        return self.success_path.is_file()
+
+    def unmark_success(self) -> None:
+        """A lowered input.max_error_rate: the finished job no longer passes."""
+        self.success_path.unlink(missing_ok=True)
 
     @property
     def finished(self) -> bool:
@@ -303,19 +327,7 @@ class RunDir:
         except OSError:
             raise  # the disk's fault, not a row's: the CLI names it (75 or 78)
         except Exception:
-            bad = unwritable(records, self.shards.write)
-            if not bad:
-                raise
-        failed = [
-            RowError(
-                "unwritable",
-                f"the row's values cannot be written as {self.fmt}: {type(e).__name__}: {e}",
-                sources[i] if sources else None,
-                str(records[i].get("id")),
-            )
-            for i, e in bad.items()
-        ]
-        kept = [r for i, r in enumerate(records) if i not in bad]
+            kept, failed = split_unwritable(records, self.fmt, sources)
         return (write_temp(kept, path, self.shards.write) if kept else None), kept, failed
 
     def forget_failed(self, m: Manifest) -> int:
@@ -363,6 +375,26 @@ class RunDir:
             self.mark_finished(m, 0)
         write_text_atomic(self.success_path, "")
         fsync_file(self.success_path)
+
+
+def split_unwritable(
+    records: list[dict[str, Any]], fmt: str, sources: list[Any] | None
+) -> tuple[list[dict[str, Any]], list[RowError]]:
+    """(the records the shard format can write, an error for each it cannot); re-raises when
+    every record writes alone (the batch's failure is then not a row's)."""
+    bad = unwritable(records, FORMATS.get(fmt).write)
+    if not bad:
+        raise
+    failed = [
+        RowError(
+            "unwritable",
+            f"the row's values cannot be written as {fmt}: {type(e).__name__}: {e}",
+            sources[i] if sources else None,
+            str(records[i].get("id")),
+        )
+        for i, e in bad.items()
+    ]
+    return [r for i, r in enumerate(records) if i not in bad], failed
 
 
 def error_line(record: dict[str, Any]) -> str:

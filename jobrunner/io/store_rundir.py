@@ -35,15 +35,16 @@ from typing import Any
 from jobrunner.errors import RunLocked, StoreError
 from jobrunner.formats import FORMATS
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
+from jobrunner.io.identity import ROWS_FILE
 from jobrunner.io.ids import IdSet, hash_ids
-from jobrunner.io.rundir import ErrorPlaces, Manifest, fault
+from jobrunner.io.rundir import ErrorPlaces, Manifest, fault, split_unwritable
 from jobrunner.types import RowError
 
 log = logging.getLogger(__name__)
 # Tests only: `JOBRUNNER_FAULT_PUT=errors:2` fails the PUT of that object in the 2nd commit
 # (objects: shard, errors, record).
 FAULT_PUT_ENV = "JOBRUNNER_FAULT_PUT"
-STORE_OUTPUT_ENV = "JOBRUNNER_STORE_OUTPUT"  # experimental: open_rundir returns a StoreRunDir
+STAGING_ENV = "JOBRUNNER_STAGING_DIR"  # where store runs keep side files (staging_dir)
 
 
 class StoreRunDir:
@@ -80,16 +81,55 @@ class StoreRunDir:
 
     @property
     def finished(self) -> bool:
-        done = self.fs.exists(self._key("_SUCCESS"))
+        """_SUCCESS, or a recorded outcome other than exit 0 (as RunDir.finished)."""
+        done = self.success_marked
+        if not done:
+            m = self.load_manifest()
+            done = m is not None and m.finished_at is not None and m.outcome.get("exit_code", 0)
         if done:  # a rerun answers from the report, which may have been made elsewhere
             self._fetch("report.json")
-        return done
+        return bool(done)
+
+    @property
+    def success_marked(self) -> bool:
+        return self.fs.exists(self._key("_SUCCESS"))
+
+    def unmark_success(self) -> None:
+        self.fs.rm_file(self._key("_SUCCESS"))
 
     def _fetch(self, name: str) -> None:
+        """The store's copy of a side file replaces the staging one (it may be from elsewhere)."""
         local = self.path / name
-        if not local.exists() and self.fs.exists(self._key(name)):
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(self.fs.cat_file(self._key(name)))
+        try:
+            data = self.fs.cat_file(self._key(name))
+        except FileNotFoundError:
+            return
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(data)
+
+    def keep_side_file(self, name: str) -> None:
+        """Upload a side file now (input_rows.parquet: a resume elsewhere explains changes)."""
+        self._put(self._key(name), (self.path / name).read_bytes(), None)
+
+    def check_ours(self) -> None:
+        """The prefix holds a run (commit records) or nothing: anything else is the user's."""
+        if self._list("commits"):
+            return
+        try:
+            foreign = sorted(k.rstrip("/").rsplit("/", 1)[-1] for k in self.fs.ls(self.root))
+        except FileNotFoundError:
+            foreign = []
+        if foreign:
+            from jobrunner.errors import RunDirError
+
+            shown = ", ".join(foreign[:5]) + (
+                f", ... {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            )
+            raise RunDirError(
+                f"output.path {self.url} is not empty and holds no jobrunner run (no commits/;"
+                f" found {shown}): a run writes only under an empty prefix or its own run"
+                " directory. Choose a new output.path, or empty this one"
+            )
 
     @property
     def has_errors(self) -> bool:
@@ -109,7 +149,12 @@ class StoreRunDir:
                 self.url,
             )
         self.path.mkdir(parents=True, exist_ok=True)
-        m = self.load_manifest() or Manifest(started_at=time.time())
+        m = self.load_manifest()
+        if m is None:  # a new run: nothing staged here belongs to it (an earlier run's files)
+            self._clear_staging()
+            m = Manifest(started_at=time.time())
+        else:
+            self._fetch(ROWS_FILE)
         self._error_places = ErrorPlaces(self.iter_errors())
         return m
 
@@ -153,9 +198,20 @@ class StoreRunDir:
         self._append({"manifest": _head_fields(m)})
         self._put(self._key("manifest.json"), json.dumps(m.to_json(), indent=1).encode(), None)
 
-    def commit(self, m: Manifest, records: list[dict[str, Any]], errors: list[RowError]) -> None:
+    def commit(
+        self,
+        m: Manifest,
+        records: list[dict[str, Any]],
+        errors: list[RowError],
+        sources: list[Any] | None = None,
+    ) -> None:
+        """The errors object, the shard, then the record that lists them (module doc)."""
         self._commits += 1
         n = self._seq + 1
+        shard = None
+        if records:
+            shard, records, failed = self._encode_shard(records, sources)
+            errors = [*errors, *failed]
         errors = self._error_places.new(errors)
         entry: dict[str, Any] = {}
         if errors:
@@ -166,9 +222,9 @@ class StoreRunDir:
             self._put(self._key("errors", name), lines.encode(), "errors")
             entry["errors"] = {"name": name, "lines": len(errors)}
         fault("after_errors", self._commits)
-        if records:
+        if shard is not None:
             name = f"part-{n:05d}-{self.token}{FORMATS.get(self.fmt).suffix}"
-            self._put(self._key("results", name), _encode(records, self.fmt), "shard")
+            self._put(self._key("results", name), shard, "shard")
             failed = sum(r["finish_reason"] == "error" for r in records)
             entry["shard"] = {"name": name, "rows": len(records), "failed": failed}
         fault("after_shard", self._commits)
@@ -176,6 +232,18 @@ class StoreRunDir:
             self._append(entry)
         self.recount(m)
         fault("after_manifest", self._commits)
+
+    def _encode_shard(
+        self, records: list[dict[str, Any]], sources: list[Any] | None
+    ) -> tuple[bytes | None, list[dict[str, Any]], list[RowError]]:
+        """(the shard's bytes or None, the records in it, errors for those left out)."""
+        try:
+            return _encode(records, self.fmt), records, []
+        except OSError:
+            raise
+        except Exception:
+            kept, failed = split_unwritable(records, self.fmt, sources)
+        return (_encode(kept, self.fmt) if kept else None), kept, failed
 
     def _append(self, entry: dict[str, Any]) -> None:
         """Create commit record seq+1; RunLocked if another run created it first."""
@@ -220,9 +288,16 @@ class StoreRunDir:
             " rows (listed in errors/) as a new job"
         )
 
-    def mark_success(self, m: Manifest) -> None:
+    def mark_finished(self, m: Manifest, exit_code: int, message: str = "") -> None:
         m.finished_at = time.time()
+        m.outcome = {"exit_code": exit_code, "message": message}
         self.save_manifest(m)
+
+    def mark_success(self, m: Manifest | None = None) -> None:
+        """errors.jsonl, then _SUCCESS; the objects of failed commits are deleted."""
+        m = m or self.load_manifest() or Manifest()
+        if m.finished_at is None:
+            self.mark_finished(m, 0)
         self._write_errors_file()
         self._put(self._key("_SUCCESS"), b"", None)
         self._collect_garbage()
@@ -251,10 +326,19 @@ class StoreRunDir:
                 self.fs.pipe_file(self._key(rel), f.read_bytes())
 
     def clear(self) -> None:
-        """--restart: every object under the prefix goes."""
+        """--restart: every object under the prefix goes (check_ours: they are a run's)."""
         if self.fs.exists(self.root):
             self.fs.rm(self.root, recursive=True)
-        self._shards, self._errors, self._seq = [], [], -1
+        self._shards, self._errors, self._seq, self._head = [], [], -1, None
+        self._clear_staging()
+
+    def _clear_staging(self) -> None:
+        import shutil
+
+        for p in self.path.iterdir():
+            if p.name in (".lock", "estimate.json"):  # the lock, and `jobrunner estimate`'s
+                continue
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
 
     # ---------------------------------------------------------------- records
 
@@ -291,9 +375,12 @@ class StoreRunDir:
 
 
 def staging_dir(url: str) -> Path:
-    """The local directory for a store run's side files (one per URL and machine)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "jobrunner" / "runs" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    """The local directory for a store run's side files (one per URL and machine):
+    under $JOBRUNNER_STAGING_DIR, else $XDG_CACHE_HOME/jobrunner/runs."""
+    base = os.environ.get(STAGING_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "jobrunner", "runs"
+    )
+    return Path(base) / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def _head_fields(m: Manifest) -> dict[str, Any]:
@@ -331,11 +418,4 @@ def open_rundir(
 
     if fmt not in ("parquet", "jsonl") or error_record is not None:
         raise ConfigError(f"output.path {path}: object stores take output.format parquet or jsonl")
-    if os.environ.get(STORE_OUTPUT_ENV) != "1":
-        # The commit protocol is tested on its own; opening a run (resume.py: input identity,
-        # row digests, strays) does not take a store run directory yet.
-        raise ConfigError(
-            f"output.path {path}: run directories on object stores are not enabled yet; write"
-            f" to a local output.path (set {STORE_OUTPUT_ENV}=1 to try it)"
-        )
     return StoreRunDir(str(path), fmt, error_record)
