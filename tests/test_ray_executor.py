@@ -25,6 +25,7 @@ from jobrunner.executors.ray_blocks import (
 )
 from jobrunner.io.rundir import RunDir
 from jobrunner.pipeline import RunOptions
+from jobrunner.telemetry.progress import Progress
 from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
 from jobrunner.types import RowError, RowRef
 
@@ -194,6 +195,7 @@ def test_landed_blocks_merge_into_one_run_record_with_each_workers_timelines():
         return {
             "block": block,
             "rows": rows,
+            "prompt_tokens": 10 * rows,
             "cost_usd": 0.5,
             "worker": worker,
             "record": rec,
@@ -212,6 +214,11 @@ def test_landed_blocks_merge_into_one_run_record_with_each_workers_timelines():
         ("w2", 4, 1),
     ]
     assert {s["worker"] for s in landed.steps} == {"w1", "w2"}
+    progress = Progress(12, live=landed, prompt=landed, log_every=1e9)
+    progress.add(landed.rows, 0)
+    shown = progress.snapshot()
+    progress.close()
+    assert (shown.prompt_done, shown.prompt_total, shown.rows_done) == (90, 120, 9)
 
 
 @pytest.fixture(scope="module")

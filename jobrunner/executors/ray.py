@@ -75,7 +75,9 @@ def _run(run: OpenRun) -> tuple[int, bool]:
     interrupted = False
     if plan.blocks:
         started = _connect(cfg)
-        progress = Progress(plan.rows, max_new_tokens=cfg.generation.max_new_tokens)
+        progress = Progress(
+            plan.rows, live=landed, prompt=landed, max_new_tokens=cfg.generation.max_new_tokens
+        )
         try:
             run.stop.reraise()  # a signal during ray.init whose exception Ray swallowed
             interrupted = _execute(cfg, rundir, manifest, plan, tag, landed, progress)
@@ -227,7 +229,12 @@ def _stopped(signum: int) -> Exception:
 
 class Landed:
     """What the landed blocks told the driver: each worker's latest record (a restarted worker
-    is a new one), its rows, blocks and cost, and the timeline rows workers sent."""
+    is a new one), its rows, blocks and cost, and the timeline rows workers sent.
+
+    Progress reads it as a local run's prep stream and engine counters: a landed row's prompt
+    is done (`prefill_tokens`), and the prompts to come are estimated from the landed ones."""
+
+    read_done = False  # the driver does not read prompts: their total stays an estimate
 
     def __init__(self) -> None:
         self.workers: dict[str, dict[str, Any]] = {}
@@ -235,6 +242,15 @@ class Landed:
         self.samples: list[dict[str, Any]] = []
         self.row_records: list[dict[str, Any]] = []
         self.rows = 0
+        self.prompt_tokens = 0  # of the landed rows
+
+    @property
+    def rows_read(self) -> int:
+        return self.rows
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prompt_tokens
 
     def add(self, meta: dict[str, Any]) -> None:
         prev = self.workers.get(meta["worker"], {"rows": 0, "blocks": 0, "cost_usd": 0.0})
@@ -248,6 +264,7 @@ class Landed:
         self.samples += meta.get("samples", [])
         self.row_records += meta.get("row_records", [])
         self.rows += meta["rows"]
+        self.prompt_tokens += meta.get("prompt_tokens", 0)
 
     def record(self, cfg: JobConfig, plan: Plan, wall: float) -> RunRecord:
         """One record for this invocation (the report's sums stay right), workers broken down."""

@@ -150,6 +150,7 @@ class BlockWorker:
             "rows": rows,
             "succeeded": ok,
             "cost_usd": usd,
+            "prompt_tokens": sum(r.usage.prompt_tokens for r in results),
             "completion_tokens": sum(r.usage.completion_tokens for r in results),
             "worker": self.worker_id,
             "record": record.to_json(),
