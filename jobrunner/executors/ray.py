@@ -25,7 +25,7 @@ from typing import Any
 import ray  # not installed: executors.run_with_executor says how to install it
 
 from jobrunner.config import JobConfig
-from jobrunner.errors import ConfigError, JobError
+from jobrunner.errors import JobError
 from jobrunner.executors.ray_blocks import (
     Plan,
     claim_run,
@@ -37,7 +37,6 @@ from jobrunner.executors.ray_blocks import (
     plan_blocks,
 )
 from jobrunner.executors.ray_worker import BlockWorker
-from jobrunner.io.fs import is_remote
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.lifecycle import JobSummary, OpenRun, RunOptions, execute
 from jobrunner.signals import raise_on_signal
@@ -54,11 +53,7 @@ FAULT_ENV = "JOBRUNNER_RAY_FAULT_MARKER"  # tests only: see BlockWorker._fault_h
 
 
 def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
-    if is_remote(cfg.output.path):
-        raise ConfigError(
-            f"output.path {cfg.output.path}: executor ray writes a local run directory; object"
-            " stores take executor local (docs/DESIGN.md, object stores)"
-        )
+    """A job over a Ray cluster (a store output.path was refused by run_with_executor)."""
     return execute(cfg, opts, _run)
 
 

@@ -515,14 +515,17 @@ def check_ours(rundir: RunDir) -> None:
         )
     ]
     if foreign:
-        shown = ", ".join(foreign[:5]) + (
-            f", ... {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        )
-        raise RunDirError(
-            f"output.path {rundir.path} is not empty and holds no jobrunner run (no manifest.json;"
-            f" found {shown}): a run writes only into an empty directory or its own run"
-            " directory. Choose a new output.path, or empty this one"
-        )
+        raise not_a_run(str(rundir.path), "no manifest.json", foreign, "into an empty directory")
+
+
+def not_a_run(where: str, lacks: str, foreign: list[str], empty: str) -> RunDirError:
+    """The refusal of an output.path that holds `foreign` files and no run (either kind)."""
+    shown = ", ".join(foreign[:5]) + (f", ... {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    return RunDirError(
+        f"output.path {where} is not empty and holds no jobrunner run ({lacks}; found {shown}):"
+        f" a run writes only {empty} or its own run directory. Choose a new output.path, or"
+        " empty this one"
+    )
 
 
 def make_run_dir(path: Path) -> None:

@@ -37,7 +37,7 @@ from jobrunner.formats import FORMATS
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
 from jobrunner.io.identity import ROWS_FILE
 from jobrunner.io.ids import IdSet, hash_ids
-from jobrunner.io.rundir import ErrorPlaces, Manifest, fault, split_unwritable
+from jobrunner.io.rundir import ErrorPlaces, Manifest, fault, not_a_run, split_unwritable
 from jobrunner.types import RowError
 
 log = logging.getLogger(__name__)
@@ -120,16 +120,7 @@ class StoreRunDir:
         except FileNotFoundError:
             foreign = []
         if foreign:
-            from jobrunner.errors import RunDirError
-
-            shown = ", ".join(foreign[:5]) + (
-                f", ... {len(foreign) - 5} more" if len(foreign) > 5 else ""
-            )
-            raise RunDirError(
-                f"output.path {self.url} is not empty and holds no jobrunner run (no commits/;"
-                f" found {shown}): a run writes only under an empty prefix or its own run"
-                " directory. Choose a new output.path, or empty this one"
-            )
+            raise not_a_run(self.url, "no commits/", foreign, "under an empty prefix")
 
     @property
     def has_errors(self) -> bool:
