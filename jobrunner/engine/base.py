@@ -8,8 +8,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from jobrunner.telemetry.spill import SpillLog
+from jobrunner.telemetry.timeline import STEP_COLUMNS
 from jobrunner.types import Request, Result
 
 if TYPE_CHECKING:
@@ -35,7 +37,8 @@ class EngineStats:
     accepted_draft_tokens: int = 0  # ... and kept (each saved a step for its row)
     num_kv_blocks: int = 0
     kv_bytes_per_token: int = 0
-    step_log: list[dict[str, Any]] = field(default_factory=list)  # per-step records (telemetry)
+    # per-step records (telemetry), in bounded memory: full chunks go to Parquet part files
+    step_log: SpillLog = field(default_factory=lambda: SpillLog(STEP_COLUMNS))
     notes: list[str] = field(default_factory=list)  # e.g. fallback reasons
 
     @property

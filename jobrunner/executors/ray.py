@@ -45,7 +45,8 @@ from jobrunner.telemetry.progress import Progress
 from jobrunner.telemetry.record import RunRecord
 from jobrunner.telemetry.run import save_timelines
 from jobrunner.telemetry.sampler import energy_kwh
-from jobrunner.telemetry.timeline import telemetry_dir
+from jobrunner.telemetry.spill import SpillLog
+from jobrunner.telemetry.timeline import ROW_COLUMNS, STEP_COLUMNS, telemetry_dir
 
 log = logging.getLogger(__name__)
 
@@ -233,9 +234,9 @@ class Landed:
 
     def __init__(self) -> None:
         self.workers: dict[str, dict[str, Any]] = {}
-        self.steps: list[dict[str, Any]] = []
+        self.steps = SpillLog(STEP_COLUMNS)  # bounded memory on the driver, any job size
         self.samples: list[dict[str, Any]] = []
-        self.row_records: list[dict[str, Any]] = []
+        self.row_records = SpillLog(ROW_COLUMNS)
         self.rows = 0
         self.prompt_tokens = 0  # of the landed rows
 

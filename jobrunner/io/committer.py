@@ -16,7 +16,8 @@ from typing import Any
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.writers import result_record
 from jobrunner.telemetry.cost import CostLedger, Savings
-from jobrunner.telemetry.timeline import row_record
+from jobrunner.telemetry.spill import SpillLog
+from jobrunner.telemetry.timeline import ROW_COLUMNS, row_record
 from jobrunner.types import Result, RowError
 
 # (shard records, error rows, each record's source row)
@@ -51,7 +52,7 @@ class Committer:
         self.errors: list[RowError] = []
         self.savings = Savings()  # what the prefix cache and dedup saved, in USD
         self.rows_committed = 0
-        self.row_log: list[dict] = []  # per-row telemetry (telemetry/rows.parquet)
+        self.row_log = SpillLog(ROW_COLUMNS)  # per-row telemetry (telemetry/rows.parquet)
         self._last = time.monotonic()
 
     def start_clock(self, since: float | None = None) -> None:
@@ -85,7 +86,7 @@ class Committer:
         before = self.ledger.cost_usd
         self.savings.add(self.ledger.price(self.pending, self.measured_seconds(), now, final))
         records = [result_record(r, self.model_name) for r in self.pending]
-        self.row_log += [row_record(r) for r in self.pending]
+        self.row_log.extend(row_record(r) for r in self.pending)
         self.write(records, errors, [r.source for r in self.pending])
         self.rows_committed += len(records)
         self.pending, self.errors = [], []

@@ -12,7 +12,7 @@ Each phase is priced at its run's device-hour rate.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from jobrunner.telemetry.record import RunRecord
@@ -29,15 +29,14 @@ def split_step(step: dict[str, Any]) -> dict[str, float]:
     return {"prefill": secs * p / (p + d), "decode": secs * d / (p + d)}
 
 
-def time_breakdown(runs: list[RunRecord], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """{"seconds": {phase: s}, "usd": {phase: usd}} over every run of the job."""
-    by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for s in steps:
-        by_run[int(s.get("run") or 0)].append(s)
+def time_breakdown(runs: list[RunRecord], stepped: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """{"seconds": {phase: s}, "usd": {phase: usd}} over every run of the job; `stepped`: per
+    run index, its steps' seconds as {prefill, decode, forward} (step_totals), absent for a
+    run that logged no steps."""
     seconds = dict.fromkeys(PHASES, 0.0)
     usd = dict.fromkeys(PHASES, 0.0)
     for i, run in enumerate(runs):
-        phases = run_phases(run, by_run.get(i, []))
+        phases = phases_of(run, stepped.get(i))
         rate = (run.usd_per_hour or 0.0) / 3600
         for k, v in phases.items():
             seconds[k] += v
@@ -45,16 +44,24 @@ def time_breakdown(runs: list[RunRecord], steps: list[dict[str, Any]]) -> dict[s
     return {"seconds": seconds, "usd": usd}
 
 
-def run_phases(run: RunRecord, steps: list[dict[str, Any]]) -> dict[str, float]:
-    out = dict.fromkeys(PHASES, 0.0)
+def run_phases(run: RunRecord, steps: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """One run's phases from its step records."""
+    sums: dict[str, float] | None = None
     for s in steps:
+        sums = sums or {"prefill": 0.0, "decode": 0.0, "forward": 0.0}
         for k, v in split_step(s).items():
-            out[k] += v
-    stepped = out["prefill"] + out["decode"] + out["forward"]
+            sums[k] += v
+    return phases_of(run, sums)
+
+
+def phases_of(run: RunRecord, stepped: dict[str, float] | None) -> dict[str, float]:
+    out = dict.fromkeys(PHASES, 0.0)
+    out.update(stepped or {})
+    total = out["prefill"] + out["decode"] + out["forward"]
     engine = run.engine_seconds
-    if not steps:  # no step log: the engine's own forward figure stands in
-        out["forward"] = stepped = run.forward_seconds
+    if stepped is None:  # no step log: the engine's own forward figure stands in
+        out["forward"] = total = run.forward_seconds
     out["load"] = run.load_seconds
-    out["engine"] = max(engine - stepped, 0.0)
-    out["other"] = max(run.wall_seconds - out["load"] - max(engine, stepped), 0.0)
+    out["engine"] = max(engine - total, 0.0)
+    out["other"] = max(run.wall_seconds - out["load"] - max(engine, total), 0.0)
     return out

@@ -40,7 +40,9 @@ def _timed(
     return out
 
 
-def throughput(steps: list[dict[str, Any]]):
+def throughput(steps: list[dict[str, Any]], stride: int = 1):
+    """Tokens/s over time. `stride` > 1: each step stands for that many (a sample of a long
+    timeline), and its tokens times `stride` are spread from the previous sampled step on."""
     import plotly.graph_objects as go
 
     timed = _timed(steps, start=_step_start)
@@ -48,12 +50,15 @@ def throughput(steps: list[dict[str, Any]]):
         return None
     width = max(1.0, timed[-1][0] / 120)
     bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    prev = 0.0
     for t, s in timed:  # a step's tokens are spread over its duration (t marks its end)
         tokens = (
-            s.get("prefill_tokens") or s.get("batch_tokens") or 0,
-            s.get("decode_tokens") or 0,
+            stride * (s.get("prefill_tokens") or s.get("batch_tokens") or 0),
+            stride * (s.get("decode_tokens") or 0),
         )
-        _spread(bins, max(t - (s.get("step_seconds") or 0.0), 0.0), t, width, tokens)
+        start = prev if stride > 1 else max(t - (s.get("step_seconds") or 0.0), 0.0)
+        _spread(bins, start, t, width, tokens)
+        prev = t
     xs = list(range(min(bins), max(bins) + 1))
     fig = go.Figure(
         [

@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import statistics
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,26 +77,26 @@ class DeviceProfile:
 
     def add_run(
         self,
-        steps: list[dict[str, Any]],
+        steps: Iterable[dict[str, Any]],
         load_seconds: float | None = None,
         engine_seconds: float | None = None,
         wall_seconds: float | None = None,
         rows: int = 0,
         completion_fraction: float | None = None,
     ) -> None:
-        timed = [
-            {k: s.get(k) for k in STEP_KEYS}
-            for s in steps
-            if s.get("batch_tokens") and s.get("step_seconds") is not None
-        ]
-        self.steps = (self.steps + timed)[-MAX_STEPS:]
-        step_total = sum(s["step_seconds"] for s in timed)
+        # one pass in bounded memory: the last MAX_STEPS timed steps, and the sum over all
+        timed: deque[dict[str, Any]] = deque(maxlen=MAX_STEPS)
+        step_total, n_timed = 0.0, 0
+        for s in steps:
+            if s.get("batch_tokens") and s.get("step_seconds") is not None:
+                timed.append({k: s.get(k) for k in STEP_KEYS})
+                step_total += s["step_seconds"]
+                n_timed += 1
+        self.steps = (self.steps + list(timed))[-MAX_STEPS:]
         if load_seconds is not None:
             _push(self.load_seconds, load_seconds)
         if engine_seconds is not None and timed:
-            _push(
-                self.outside_step_seconds_per_step, max(engine_seconds - step_total, 0) / len(timed)
-            )
+            _push(self.outside_step_seconds_per_step, max(engine_seconds - step_total, 0) / n_timed)
         if wall_seconds is not None and engine_seconds is not None and rows:
             outside = wall_seconds - (load_seconds or 0.0) - engine_seconds
             _push(self.outside_engine_seconds_per_row, max(outside, 0.0) / rows)

@@ -217,7 +217,7 @@ class Progress:
         decode-only steps, in wall time (step to step). None until there are some: the rate
         while prompts are prefilled says little about it. An engine whose steps do not split
         prefill from decode (static batches) has one rate for both."""
-        steps = list(getattr(self.live, "step_log", None) or [])[-RECENT_STEPS:]
+        steps = list((getattr(self.live, "step_log", None) or [])[-RECENT_STEPS:])
         if not steps or steps[-1].get("prefill_tokens") is None:
             return generate_rate or None
         tokens = seconds = 0.0

@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jobrunner.telemetry.model import load_report
-from jobrunner.telemetry.timeline import ROWS_FILE, STEPS_FILE, read_timeline
+from jobrunner.telemetry.timeline import ROWS_FILE, STEPS_FILE, column_floats, timeline_batches
 
 # Latency buckets in seconds: a CPU row waits seconds to minutes for its first token, a GPU row
 # milliseconds; a decode step is milliseconds to a second.
@@ -21,12 +23,9 @@ TTFT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-def build_registry(
-    report: dict[str, Any],
-    steps: list[dict[str, Any]] | None = None,
-    rows: list[dict[str, Any]] | None = None,
-):
-    """The job's metrics: `_total` counters, base units (seconds, joules) in the names."""
+def build_registry(report: dict[str, Any], run_path: str | Path | None = None):
+    """The job's metrics: `_total` counters, base units (seconds, joules) in the names; the
+    latency histograms from the run directory's timelines when `run_path` is given."""
     import prometheus_client
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -94,52 +93,81 @@ def build_registry(
         "When the job last finished every row (Unix time).",
         report.get("finished_at"),
     )
-    _latency_histograms(reg, job, steps or [], rows or [])
+    if run_path is not None:
+        reg.register(LatencyHistograms(job, Path(run_path)))
     return reg
 
 
-def _latency_histograms(reg, job: str, steps: list[dict], rows: list[dict]) -> None:
-    from prometheus_client import Histogram
+class LatencyHistograms:
+    """Per-row latencies and step times as histograms, counted batch by batch over
+    telemetry/rows.parquet and steps.parquet (vectorized: a job of 100M rows is never a list)."""
 
-    def histogram(name: str, doc: str, values: list[float], buckets) -> None:
-        h = Histogram(name, doc, ["job_name"], buckets=buckets, registry=reg).labels(job)
-        for v in values:
-            h.observe(v)
-
-    histogram(
-        "jobrunner_time_to_first_token_seconds",
-        "Per row: from entering the engine to its first generated token.",
-        [r["first_token_seconds"] for r in rows if r.get("first_token_seconds") is not None],
-        TTFT_BUCKETS,
-    )
-    histogram(
-        "jobrunner_time_per_output_token_seconds",
-        "Per row: decode time per generated token after the first.",
-        tpot(rows),
-        STEP_BUCKETS,
-    )
-    histogram(
-        "jobrunner_step_duration_seconds",
-        "Per engine step (a forward pass over prompt chunks and decode rows), in seconds.",
-        [s["step_seconds"] for s in steps if s.get("step_seconds") is not None],
-        STEP_BUCKETS,
+    SPECS = (
+        (
+            "jobrunner_time_to_first_token_seconds",
+            "Per row: from entering the engine to its first generated token.",
+            ROWS_FILE,
+            TTFT_BUCKETS,
+        ),
+        (
+            "jobrunner_time_per_output_token_seconds",
+            "Per row: decode time per generated token after the first.",
+            ROWS_FILE,
+            STEP_BUCKETS,
+        ),
+        (
+            "jobrunner_step_duration_seconds",
+            "Per engine step (a forward pass over prompt chunks and decode rows), in seconds.",
+            STEPS_FILE,
+            STEP_BUCKETS,
+        ),
     )
 
+    def __init__(self, job: str, run_path: Path) -> None:
+        self.job, self.run_path = job, run_path
 
-def tpot(rows: list[dict[str, Any]]) -> list[float]:
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily
+
+        for name, doc, file, buckets in self.SPECS:
+            counts, total = np.zeros(len(buckets) + 1, dtype=np.int64), 0.0
+            for batch in timeline_batches(self.run_path, file):
+                v = _VALUES[name](batch)
+                v = v[~np.isnan(v)]
+                counts += np.bincount(np.searchsorted(buckets, v), minlength=len(counts))
+                total += float(v.sum())
+            cumulative = np.cumsum(counts)
+            edges = [*(_le(b) for b in buckets), "+Inf"]
+            family = HistogramMetricFamily(name, doc, labels=["job_name"])
+            family.add_metric([self.job], list(zip(edges, cumulative.tolist(), strict=True)), total)
+            yield family
+
+
+def _le(b: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(b)
+
+
+def tpot(batch) -> np.ndarray:
     """Each row's decode seconds over its tokens after the first (rows with two or more)."""
-    return [
-        r["decode_seconds"] / (r["completion_tokens"] - 1)
-        for r in rows
-        if r.get("decode_seconds") is not None and (r.get("completion_tokens") or 0) > 1
-    ]
+    tokens = column_floats(batch, "completion_tokens")
+    return np.where(
+        tokens > 1, column_floats(batch, "decode_seconds") / np.maximum(tokens - 1, 1), np.nan
+    )
+
+
+_VALUES = {
+    "jobrunner_time_to_first_token_seconds": lambda b: column_floats(b, "first_token_seconds"),
+    "jobrunner_time_per_output_token_seconds": tpot,
+    "jobrunner_step_duration_seconds": lambda b: column_floats(b, "step_seconds"),
+}
 
 
 def write_metrics(report: dict[str, Any], path: Path) -> None:
     from prometheus_client import write_to_textfile
 
-    steps, rows = read_timeline(path.parent, STEPS_FILE), read_timeline(path.parent, ROWS_FILE)
-    write_to_textfile(str(path), build_registry(report, steps, rows))
+    write_to_textfile(str(path), build_registry(report, path.parent))
 
 
 def push_metrics(run_path: str | Path, url: str) -> None:
@@ -147,8 +175,7 @@ def push_metrics(run_path: str | Path, url: str) -> None:
     from prometheus_client import push_to_gateway
 
     report = load_report(run_path)
-    steps, rows = read_timeline(run_path, STEPS_FILE), read_timeline(run_path, ROWS_FILE)
-    reg = build_registry(report, steps, rows)
+    reg = build_registry(report, run_path)
     push_to_gateway(
         url,
         job="jobrunner",

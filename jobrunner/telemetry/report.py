@@ -22,7 +22,8 @@ from jobrunner.telemetry.prom import write_metrics
 from jobrunner.telemetry.record import ENGINE_COUNTERS, RunRecord
 from jobrunner.telemetry.report_html import to_html
 from jobrunner.telemetry.report_md import to_markdown
-from jobrunner.telemetry.timeline import DEVICE_FILE, STEPS_FILE, read_timeline
+from jobrunner.telemetry.step_totals import StepTotals, step_totals
+from jobrunner.telemetry.timeline import DEVICE_FILE, read_timeline
 
 ESTIMATE_FILE = "estimate.json"
 
@@ -58,7 +59,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
     last = runs[-1] if runs else RunRecord(job=None, model=None, engine=None)
     device_hours = sum(r.wall_seconds * r.device_count for r in runs) / 3600
     tokens = t["prompt_tokens"] + t["completion_tokens"]
-    steps = read_timeline(rundir.path, STEPS_FILE)
+    steps = step_totals(rundir.path)
     report = {
         "job": last.job,
         "model": last.model,
@@ -85,7 +86,7 @@ def build_report(rundir: RunDir) -> dict[str, Any]:
             "engine_busy_fraction": forward / wall if wall else None,
             "busy_fraction_after_load": forward / (wall - load) if wall > load else None,
             "forward_fraction_of_engine": forward / engine if engine else None,
-            "breakdown": time_breakdown(runs, steps),
+            "breakdown": time_breakdown(runs, steps.phases),
         },
         "throughput": {
             "completion_tokens_per_second": t["completion_tokens"] / wall if wall else None,
@@ -152,7 +153,7 @@ def _unit(device_kind: str | None) -> str:
     return "GPU-hour" if device_kind == "cuda" else "vCPU-hour"
 
 
-def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def device_summary(samples: list[dict[str, Any]], steps: StepTotals) -> dict[str, Any]:
     """Means and peaks of the sampled timelines (None where nothing was measured)."""
 
     def stat(device_prefix: str, key: str, fn) -> float | None:
@@ -164,7 +165,6 @@ def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -
     def mean(v):
         return sum(v) / len(v)
 
-    kv = [s["kv_blocks_used"] for s in steps if s.get("kv_blocks_used") is not None]
     return {
         "samples": len(samples),
         "gpu_util_mean_percent": stat("cuda", "util_percent", mean),
@@ -172,9 +172,13 @@ def device_summary(samples: list[dict[str, Any]], steps: list[dict[str, Any]]) -
         "gpu_mem_peak_bytes": stat("cuda", "mem_used_bytes", max),
         "host_cpu_mean_percent": stat("host", "util_percent", mean),
         "host_rss_peak_bytes": stat("host", "mem_used_bytes", max),
-        "kv_blocks_peak": max(kv) if kv else None,
-        "running_peak": max((s["num_running"] or 0 for s in steps), default=None),
+        "kv_blocks_peak": _int(steps.kv_blocks_peak),
+        "running_peak": _int(steps.running_peak),
     }
+
+
+def _int(v: float | None) -> int | None:
+    return None if v is None else int(v)
 
 
 def _kind(sample: dict[str, Any]) -> str:

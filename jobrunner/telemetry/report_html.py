@@ -9,6 +9,7 @@ scripts/screenshot_report.py read both).
 from __future__ import annotations
 
 import html
+import itertools
 from typing import Any
 
 from jobrunner.io.rundir import RunDir
@@ -16,7 +17,15 @@ from jobrunner.quant_check import markdown_lines
 from jobrunner.telemetry import charts
 from jobrunner.telemetry.model import iter_token_columns
 from jobrunner.telemetry.report_md import api_table, estimate_table, fmt, time_table, usd
-from jobrunner.telemetry.timeline import DEVICE_FILE, ROWS_FILE, STEPS_FILE, read_timeline
+from jobrunner.telemetry.timeline import (
+    DEVICE_FILE,
+    ROWS_FILE,
+    STEPS_FILE,
+    read_timeline,
+    sample_timeline,
+)
+
+CHART_POINTS = 20_000  # records a chart draws at most (a browser draws them all)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;
@@ -45,15 +54,23 @@ COUNT = (
 )
 
 
+def sample_rows(rundir: RunDir, total: int) -> list[dict[str, Any]]:
+    """Every k-th committed row's token columns (succeeded rows), at most about CHART_POINTS."""
+    stride = max(1, -(-total // CHART_POINTS))
+    rows = itertools.islice(iter_token_columns(rundir), 0, None, stride)
+    return [r for r in rows if r["finish_reason"] != "error"]
+
+
 def to_html(report: dict[str, Any], rundir: RunDir) -> str:
-    steps = read_timeline(rundir.path, STEPS_FILE)
+    # every chart reads at most CHART_POINTS records of a timeline, evenly spread over it
+    steps, stride = sample_timeline(rundir.path, STEPS_FILE, CHART_POINTS)
     samples = read_timeline(rundir.path, DEVICE_FILE)
-    rows = [r for r in iter_token_columns(rundir) if r["finish_reason"] != "error"]
-    row_work = read_timeline(rundir.path, ROWS_FILE) or rows  # older runs: the token columns
+    rows = sample_rows(rundir, report["rows"]["total"])
+    row_work = sample_timeline(rundir.path, ROWS_FILE, CHART_POINTS)[0] or rows  # older runs
     figs = [
         charts.cost(report),
         charts.cost_per_row(row_work),
-        charts.throughput(steps),
+        charts.throughput(steps, stride),
         charts.running(steps),
         charts.device(samples),
         charts.lengths(rows),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.telemetry.sampler import DEFAULT_INTERVAL, Sampler
+from jobrunner.telemetry.spill import SpillLog
 from jobrunner.telemetry.timeline import (
     DEVICE_COLUMNS,
     DEVICE_FILE,
@@ -33,8 +34,8 @@ def save_timelines(
     tdir: Path,
     run_index: int,
     samples: list[dict[str, Any]],
-    steps: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
+    steps: list[dict[str, Any]] | SpillLog,
+    rows: list[dict[str, Any]] | SpillLog,
 ) -> None:
     """Append one run's device samples, engine steps and rows (any number of workers') to the
     job's timelines."""
@@ -58,9 +59,9 @@ class RunTelemetry:
     def finish(
         self,
         run_index: int,
-        step_log: list[dict[str, Any]],
+        step_log: list[dict[str, Any]] | SpillLog,
         savings: dict[str, float],
-        row_log: list[dict[str, Any]] | None = None,
+        row_log: list[dict[str, Any]] | SpillLog | None = None,
     ) -> dict[str, Any]:
         """Stop sampling, save the timelines; the fields to add to this run's record."""
         save_timelines(self.dir, run_index, self.sampler.stop(), step_log, row_log or [])

@@ -8,12 +8,16 @@ files always cover the whole job. Written atomically (temporary name, then renam
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from jobrunner.telemetry.spill import SpillLog, arrow_schema, to_table
 
 DEVICE_FILE = "device.parquet"
 STEPS_FILE = "steps.parquet"
 ROWS_FILE = "rows.parquet"
+BATCH_ROWS = 65_536  # rows per batch when a timeline is copied or read
 
 DEVICE_COLUMNS = [
     "run",
@@ -65,41 +69,91 @@ def row_record(r) -> dict[str, Any]:
     return rec
 
 
-STRING_COLUMNS = ("device", "worker")
-
-
 def telemetry_dir(run_path: str | Path) -> Path:
     return Path(run_path) / "telemetry"
 
 
 def append_timeline(
-    path: Path, records: list[dict[str, Any]], columns: list[str], run: int
+    path: Path, records: list[dict[str, Any]] | SpillLog, columns: list[str], run: int
 ) -> None:
-    """Append `records` (tagged with `run`) to the Parquet file at `path`."""
+    """Append `records` (tagged with `run`) to the Parquet file at `path`, streaming: the old
+    runs' rows and a SpillLog's parts are copied batch by batch, never held whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not records:
         return
-    rows = [{c: (run if c == "run" else _num(rec.get(c))) for c in columns} for rec in records]
-    schema = pa.schema([(c, pa.string() if c in STRING_COLUMNS else pa.float64()) for c in columns])
-    new = pa.Table.from_pylist(rows, schema=schema)
-    if path.is_file():
-        old = pq.read_table(path).select(columns).cast(schema)
-        old = old.filter(pa.compute.not_equal(old["run"], float(run)))
-        new = pa.concat_tables([old, new])
+    schema = arrow_schema(columns)
+    tables = records.tables() if isinstance(records, SpillLog) else _chunks(records, columns)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(new, tmp)
-    os.replace(tmp, path)
+    try:
+        with pq.ParquetWriter(tmp, schema) as w:
+            if path.is_file():
+                for batch in pq.ParquetFile(path).iter_batches(BATCH_ROWS, columns=columns):
+                    old = pa.Table.from_batches([batch]).select(columns).cast(schema)
+                    w.write_table(old.filter(pa.compute.not_equal(old["run"], float(run))))
+            for t in tables:
+                t = t.select(columns).cast(schema)
+                i = columns.index("run")
+                w.write_table(t.set_column(i, "run", pa.array([float(run)] * len(t), pa.float64())))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
-def _num(v: Any) -> Any:
-    return v if v is None or isinstance(v, str) else float(v)
+def _chunks(records: list[dict[str, Any]], columns: list[str]) -> Iterator[Any]:
+    for i in range(0, len(records), BATCH_ROWS):
+        yield to_table(records[i : i + BATCH_ROWS], columns)
 
 
 def read_timeline(run_path: str | Path, name: str) -> list[dict[str, Any]]:
+    """A whole timeline as records: for device.parquet (one sample a second) and tests; the
+    per-step and per-row files are read with timeline_batches or sample_timeline."""
     import pyarrow.parquet as pq
 
     path = telemetry_dir(run_path) / name
     return pq.read_table(path).to_pylist() if path.is_file() else []
+
+
+def timeline_batches(
+    run_path: str | Path, name: str, columns: list[str] | None = None
+) -> Iterator[Any]:
+    """A timeline's record batches (pyarrow), in bounded memory; none when the file is absent."""
+    import pyarrow.parquet as pq
+
+    path = telemetry_dir(run_path) / name
+    if not path.is_file():
+        return
+    f = pq.ParquetFile(path)
+    names = [c for c in (columns or f.schema_arrow.names) if c in f.schema_arrow.names]
+    yield from f.iter_batches(BATCH_ROWS, columns=names)
+
+
+def column_floats(batch: Any, name: str) -> Any:
+    """A batch's column as a float64 numpy array, NaN for nulls (all NaN when it is absent)."""
+    import numpy as np
+
+    i = batch.schema.get_field_index(name)
+    if i < 0:
+        return np.full(len(batch), np.nan)
+    return batch.column(i).to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def sample_timeline(run_path: str | Path, name: str, limit: int) -> tuple[list[dict], int]:
+    """At most `limit` records, evenly spread over the file, and the stride between them (each
+    stands for `stride` records): what a chart needs of a timeline of any length."""
+    import pyarrow.parquet as pq
+
+    path = telemetry_dir(run_path) / name
+    if not path.is_file():
+        return [], 1
+    n = pq.ParquetFile(path).metadata.num_rows
+    stride = max(1, -(-n // limit))
+    out: list[dict[str, Any]] = []
+    seen = 0
+    for batch in timeline_batches(run_path, name):
+        first = (-seen) % stride  # the batch's first row whose global index is a multiple
+        out += batch.slice(first).take(list(range(0, len(batch) - first, stride))).to_pylist()
+        seen += len(batch)
+    return out, stride
