@@ -63,16 +63,20 @@ def run(tmp_path_factory):
     job = tmp / "job.yaml"
     job.write_text(JOB.format(input=tmp / "in.parquet", out=tmp / "out"))
     cli = CliRunner()
-    est = cli.invoke(app, ["estimate", str(job)])
-    assert est.exit_code == 0, est.output
     server = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        res = cli.invoke(
-            app, ["run", str(job), "--pushgateway", f"http://127.0.0.1:{server.server_port}"]
-        )
-    finally:
-        server.shutdown()
+    # a device this job has never run on: the estimate has no profile (earlier tests' runs
+    # recorded theirs into the session's profile folder)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JOBRUNNER_PROFILE_DIR", str(tmp / "profiles"))
+        est = cli.invoke(app, ["estimate", str(job)])
+        assert est.exit_code == 0, est.output
+        try:
+            res = cli.invoke(
+                app, ["run", str(job), "--pushgateway", f"http://127.0.0.1:{server.server_port}"]
+            )
+        finally:
+            server.shutdown()
     assert res.exit_code == 0, res.output
     return tmp / "out"
 
