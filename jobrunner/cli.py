@@ -7,6 +7,7 @@ Airflow's XCom).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -268,8 +269,8 @@ def report(
         {
             "status": "ok",
             "output": str(run_dir),
-            "rows": rep["rows"],
-            "cost_usd": rep["cost"]["cost_usd"],
+            "rows": dataclasses.asdict(rep.rows),
+            "cost_usd": rep.cost.cost_usd,
         }
     )
 

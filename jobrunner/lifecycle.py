@@ -28,7 +28,7 @@ from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.store_rundir import open_rundir
 from jobrunner.resume import check_same_job, open_run
 from jobrunner.signals import SignalLatch, raise_on_signal
-from jobrunner.telemetry.model import load_report
+from jobrunner.telemetry.model import Report, load_report
 from jobrunner.telemetry.report import write_reports
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class JobSummary:
     output: str
     rows: dict[str, int] = field(default_factory=dict)
     cost_usd: float = 0.0
-    report: dict[str, Any] = field(default_factory=dict)
+    report: Report = field(default_factory=Report)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -165,14 +165,14 @@ def _close(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> JobSumm
         rundir.unmark_success()
     if failure:
         raise failure
-    rows = {k: report["rows"][k] for k in ("succeeded", "failed", "skipped")}
+    r = report.rows
+    skipped = r.skipped if ran else r.total  # nothing redone: every committed row was skipped
+    rows = {"succeeded": r.succeeded, "failed": r.failed, "skipped": skipped}
     status = "done" if ran else "nothing_to_do"
-    if not ran:  # this invocation redid none: every committed row was skipped
-        rows["skipped"] = report["rows"]["total"]
-    return JobSummary(status, rundir.location, rows, report["cost"]["cost_usd"], report)
+    return JobSummary(status, rundir.location, rows, report.cost.cost_usd, report)
 
 
-def _load_or_rebuild_report(rundir: RunDir) -> dict[str, Any]:
+def _load_or_rebuild_report(rundir: RunDir) -> Report:
     try:
         return load_report(rundir.path)
     except (OSError, ValueError):

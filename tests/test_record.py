@@ -67,3 +67,18 @@ def test_the_record_of_a_started_engine_names_its_counters_price_and_weights():
     assert rec.price_unit == rate.price.unit and rec.device_count == 2
     assert rec.weights["quantization"] == "none" and rec.weights["kv_bytes_per_token"] == 64
     assert rec.extra == {"work_units": 5}
+
+
+def test_a_report_json_of_any_version_reads_as_the_typed_report():
+    from jobrunner.telemetry.model import Cost, Report, Rows
+
+    old = {"job": "j", "rows": {"succeeded": 3, "failed": 1, "total": 4}, "cost": {"cost_usd": 2.0}}
+    r = Report.from_json({**old, "from_the_future": 1})
+    assert r.rows == Rows(succeeded=3, failed=1, skipped=0, total=4)
+    assert (r.cost.cost_usd, r.cost.price_warnings, r.time.busy_fraction_after_load) == (
+        2.0,
+        [],
+        None,
+    )
+    assert isinstance(r.cost, Cost) and "from_the_future" not in r.to_json()
+    assert Report.from_json(r.to_json()) == r  # report.json round-trips

@@ -200,17 +200,17 @@ def test_retry_errors_keeps_the_failed_attempts_cost(tmp_path):
     rd.commit(
         m, [{**record("a"), "cost_usd": 1.0}, failed], [RowError("x", "y", RowRef("f", 1), "b")]
     )
-    assert build_report(rd)["cost"]["cost_usd"] == pytest.approx(3.0)
+    assert build_report(rd).cost.cost_usd == pytest.approx(3.0)
     rd.forget_failed(m)
     assert rd.committed_ids() == {"a"}
-    assert build_report(rd)["cost"]["cost_usd"] == pytest.approx(3.0)
+    assert build_report(rd).cost.cost_usd == pytest.approx(3.0)
     # a crash between recording the cost and dropping the rows settles on the next prepare
     m = rd.prepare()
     rd.commit(m, [failed], [RowError("x", "y", RowRef("f", 1), "b")])
     m.retiring_cost_usd = rd._failed_cost()
     rd.save_manifest(m)
     rd.prepare()
-    assert build_report(rd)["cost"]["cost_usd"] == pytest.approx(5.0)
+    assert build_report(rd).cost.cost_usd == pytest.approx(5.0)
 
 
 # ------------------------------------------------------------- with the real model

@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from jobrunner.telemetry.breakdown import PHASES
+from jobrunner.telemetry.model import Report
 
 LAYOUT = {
     "template": "plotly_white",
@@ -251,11 +252,11 @@ def lengths(rows: list[dict[str, Any]]):
     return fig
 
 
-def cost(report: dict[str, Any]):
+def cost(report: Report):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    b, c = report["time"]["breakdown"], report["cost"]
+    b, c = report.time.breakdown, report.cost
     phases = [p for p in PHASES if b["seconds"][p] > 0]
     fig = make_subplots(
         rows=1,
@@ -267,23 +268,23 @@ def cost(report: dict[str, Any]):
     fig.add_trace(
         go.Bar(
             x=["cache saved", "dedup saved"],
-            y=[c["cache_saved_usd"], c["dedup_saved_usd"]],
+            y=[c.cache_saved_usd, c.dedup_saved_usd],
             name="saved",
         ),
         1,
         1,
     )
-    apis = report["api_equivalent"]
+    apis = report.api_equivalent
     fig.add_trace(
         go.Bar(
             x=["this job", *[a["model"] for a in apis]],
-            y=[c["cost_usd"], *[a["usd"] for a in apis]],
+            y=[c.cost_usd, *[a["usd"] for a in apis]],
             name="same tokens",
         ),
         1,
         2,
     )
     fig.update_layout(title="Cost breakdown", **{**LAYOUT, "height": 380})
-    values = [c["cost_usd"], *[a["usd"] for a in apis]]
+    values = [c.cost_usd, *[a["usd"] for a in apis]]
     fig.update_yaxes(type="log", row=1, col=2, **usd_ticks(values))
     return fig

@@ -10,11 +10,10 @@ textfile collector. Every series carries a `job_name` label (the job file's `nam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from jobrunner.telemetry.model import load_report
+from jobrunner.telemetry.model import Report, load_report
 from jobrunner.telemetry.timeline import ROWS_FILE, STEPS_FILE, column_floats, timeline_batches
 
 # Latency buckets in seconds: a CPU row waits seconds to minutes for its first token, a GPU row
@@ -23,7 +22,7 @@ TTFT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-def build_registry(report: dict[str, Any], run_path: str | Path | None = None):
+def build_registry(report: Report, run_path: str | Path | None = None):
     """The job's metrics: `_total` counters, base units (seconds, joules) in the names; the
     latency histograms from the run directory's timelines when `run_path` is given."""
     import prometheus_client
@@ -31,7 +30,7 @@ def build_registry(report: dict[str, Any], run_path: str | Path | None = None):
 
     prometheus_client.disable_created_metrics()  # a finished job: *_created adds nothing
     reg = CollectorRegistry()
-    job = str(report.get("job") or "job")
+    job = str(report.job or "job")
 
     def counter(name: str, doc: str, value: float | None) -> None:
         if value is not None:
@@ -41,43 +40,43 @@ def build_registry(report: dict[str, Any], run_path: str | Path | None = None):
         if value is not None:
             Gauge(name, doc, ["job_name"], registry=reg).labels(job).set(value)
 
-    tok, cost = report["tokens"], report["cost"]
-    counter("jobrunner_prompt_tokens", "Prompt tokens of the finished rows.", tok["prompt"])
+    tok, cost = report.tokens, report.cost
+    counter("jobrunner_prompt_tokens", "Prompt tokens of the finished rows.", tok.prompt)
     counter(
         "jobrunner_prompt_tokens_cached",
         "Prompt tokens served from the prefix cache.",
-        tok["cached"],
+        tok.cached,
     )
-    counter("jobrunner_generation_tokens", "Generated (completion) tokens.", tok["completion"])
+    counter("jobrunner_generation_tokens", "Generated (completion) tokens.", tok.completion)
     c = Counter(
         "jobrunner_request_success",
         "Finished rows by finish reason.",
         ["job_name", "finished_reason"],
         registry=reg,
     )
-    for reason, n in sorted(report["finish_reasons"].items()):
+    for reason, n in sorted(report.finish_reasons.items()):
         c.labels(job, str(reason)).inc(n)
     counter(
         "jobrunner_request_failure",
         "Rows that failed (see errors.jsonl).",
-        report["rows"]["failed"],
+        report.rows.failed,
     )
     counter(
         "jobrunner_num_preemptions",
         "Sequences preempted to free KV-cache blocks.",
-        report["engine_stats"]["preemptions"],
+        report.engine_stats.get("preemptions", 0),
     )
     counter(
         "jobrunner_cost_usd",
         "What the job cost in US dollars: the device time at its price (sum of the rows).",
-        cost["cost_usd"],
+        cost.cost_usd,
     )
     counter(
         "jobrunner_cost_saved_usd",
         "US dollars the prefix cache and deduplication saved, at the price paid.",
-        cost["cache_saved_usd"] + cost["dedup_saved_usd"],
+        cost.cache_saved_usd + cost.dedup_saved_usd,
     )
-    energy = cost["energy_kwh"]
+    energy = cost.energy_kwh
     counter(
         "jobrunner_energy_joules",
         "GPU energy (NVML's energy counter), in joules.",
@@ -86,12 +85,12 @@ def build_registry(report: dict[str, Any], run_path: str | Path | None = None):
     gauge(
         "jobrunner_duration_seconds",
         "Wall time of the job, summed over its runs.",
-        report["time"]["wall_seconds"],
+        report.time.wall_seconds,
     )
     gauge(
         "jobrunner_last_success_timestamp_seconds",
         "When the job last finished every row (Unix time).",
-        report.get("finished_at"),
+        report.finished_at,
     )
     if run_path is not None:
         reg.register(LatencyHistograms(job, Path(run_path)))
@@ -164,7 +163,7 @@ _VALUES = {
 }
 
 
-def write_metrics(report: dict[str, Any], path: Path) -> None:
+def write_metrics(report: Report, path: Path) -> None:
     from prometheus_client import write_to_textfile
 
     write_to_textfile(str(path), build_registry(report, path.parent))
@@ -179,7 +178,7 @@ def push_metrics(run_path: str | Path, url: str) -> None:
     push_to_gateway(
         url,
         job="jobrunner",
-        grouping_key={"job_name": str(report.get("job") or "job")},
+        grouping_key={"job_name": str(report.job or "job")},
         registry=reg,
         timeout=10,
     )

@@ -15,7 +15,7 @@ from typing import Any
 from jobrunner.io.rundir import RunDir
 from jobrunner.quant_check import markdown_lines
 from jobrunner.telemetry import charts
-from jobrunner.telemetry.model import iter_token_columns
+from jobrunner.telemetry.model import Report, iter_token_columns
 from jobrunner.telemetry.report_md import api_table, estimate_table, fmt, time_table, usd
 from jobrunner.telemetry.timeline import (
     DEVICE_FILE,
@@ -61,11 +61,11 @@ def sample_rows(rundir: RunDir, total: int) -> list[dict[str, Any]]:
     return [r for r in rows if r["finish_reason"] != "error"]
 
 
-def to_html(report: dict[str, Any], rundir: RunDir) -> str:
+def to_html(report: Report, rundir: RunDir) -> str:
     # every chart reads at most CHART_POINTS records of a timeline, evenly spread over it
     steps, stride = sample_timeline(rundir.path, STEPS_FILE, CHART_POINTS)
     samples = read_timeline(rundir.path, DEVICE_FILE)
-    rows = sample_rows(rundir, report["rows"]["total"])
+    rows = sample_rows(rundir, report.rows.total)
     row_work = sample_timeline(rundir.path, ROWS_FILE, CHART_POINTS)[0] or rows  # older runs
     figs = [
         charts.cost(report),
@@ -77,12 +77,12 @@ def to_html(report: dict[str, Any], rundir: RunDir) -> str:
     ]
     drawn = [f for f in figs if f is not None]
     chart_html = [_fig_html(f, first=i == 0) for i, f in enumerate(drawn)]
-    title = html.escape(f"jobrunner report: {report['job']}")
-    d = report["device"]
+    title = html.escape(f"jobrunner report: {report.job}")
+    d = report.device
     sub = html.escape(
-        f"model {report['model']} on {d['count']} x {d['name']}, {report['engine']}"
-        f" engine; {report['rows']['succeeded']:,} rows succeeded,"
-        f" {report['rows']['failed']:,} failed"
+        f"model {report.model} on {d.count} x {d.name}, {report.engine}"
+        f" engine; {report.rows.succeeded:,} rows succeeded,"
+        f" {report.rows.failed:,} failed"
     )
     return "\n".join(
         [
@@ -99,7 +99,7 @@ def to_html(report: dict[str, Any], rundir: RunDir) -> str:
             _md_table(time_table(report)),
             _md_table(api_table(report)),
             "</div>",
-            _md_table(markdown_lines(report.get("model_memory"))),
+            _md_table(markdown_lines(report.model_memory)),
             _md_table(estimate_table(report)),
             _notes(report),
             COUNT,
@@ -115,34 +115,34 @@ def _fig_html(fig, first: bool) -> str:
     return f"<div class='chart'>{body}</div>"
 
 
-def tiles(r: dict[str, Any]) -> str:
-    c, tok, tm = r["cost"], r["tokens"], r["time"]
-    b = tm["breakdown"]["seconds"]
+def tiles(r: Report) -> str:
+    c, tok, tm = r.cost, r.tokens, r.time
+    b = tm.breakdown["seconds"]
     busiest = max(b, key=b.get) if any(b.values()) else "n/a"
     share = f" ({b[busiest] / sum(b.values()):.0%})" if any(b.values()) else ""
-    without = c["cost_without_savings_usd"]
+    without = c.cost_without_savings_usd
 
     def pct(x: float) -> str:
         return f", {x / without:.1%} of the bill without it" if without else ""
 
     items = [
-        (usd(c["cost_usd"]), "total cost"),
-        (usd(c["usd_per_1m_tokens"]), "per 1M tokens (in + out)"),
-        (usd(c["usd_per_1m_input_tokens"]), "per 1M input tokens"),
-        (usd(c["usd_per_1m_output_tokens"]), "per 1M output tokens"),
+        (usd(c.cost_usd), "total cost"),
+        (usd(c.usd_per_1m_tokens), "per 1M tokens (in + out)"),
+        (usd(c.usd_per_1m_input_tokens), "per 1M input tokens"),
+        (usd(c.usd_per_1m_output_tokens), "per 1M output tokens"),
         (
-            usd(c["cache_saved_usd"]),
-            f"saved by the prefix cache ({tok['cached']:,} tokens{pct(c['cache_saved_usd'])})",
+            usd(c.cache_saved_usd),
+            f"saved by the prefix cache ({tok.cached:,} tokens{pct(c.cache_saved_usd)})",
         ),
         (
-            usd(c["dedup_saved_usd"]),
-            f"saved by dedup ({r['engine_stats']['deduplicated']} rows{pct(c['dedup_saved_usd'])})",
+            usd(c.dedup_saved_usd),
+            f"saved by dedup ({r.engine_stats['deduplicated']} rows{pct(c.dedup_saved_usd)})",
         ),
-        (f"{fmt(tm['wall_seconds'], ',.1f')} s", f"wall time; most in {busiest}{share}"),
-        (f"{fmt(r['throughput']['completion_tokens_per_second'], ',.1f')}", "generated tokens/s"),
+        (f"{fmt(tm.wall_seconds, ',.1f')} s", f"wall time; most in {busiest}{share}"),
+        (f"{fmt(r.throughput.completion_tokens_per_second, ',.1f')}", "generated tokens/s"),
     ]
-    if c["energy_kwh"] is not None:
-        items.append((f"{c['energy_kwh']:.4f} kWh", "GPU energy (NVML)"))
+    if c.energy_kwh is not None:
+        items.append((f"{c.energy_kwh:.4f} kWh", "GPU energy (NVML)"))
     cells = "".join(
         f"<div class='tile'><div class='v'>{html.escape(v)}</div>"
         f"<div class='k'>{html.escape(k)}</div></div>"
@@ -177,15 +177,15 @@ def _md_table(lines: list[str]) -> str:
     return "<div>" + "\n".join(out) + "</div>"
 
 
-def _notes(r: dict[str, Any]) -> str:
-    c = r["cost"]
+def _notes(r: Report) -> str:
+    c = r.cost
     items = [
-        *[f"Price warning: {w}" for w in c.get("price_warnings") or []],
-        f"Device price: ${fmt(c['usd_per_hour'], '.4f')}/h: {c['price_source']}.",
+        *[f"Price warning: {w}" for w in c.price_warnings],
+        f"Device price: ${fmt(c.usd_per_hour, '.4f')}/h: {c.price_source}.",
         "Each row pays for the engine steps it was in, shared by the tokens each row computed"
         " in a step (prefix-cache hits are free), plus a share of the load and idle time by"
         " those tokens; duplicates split one row's cost.",
-        *r["notes"],
+        *r.notes,
     ]
     return (
         "<h3>Notes</h3><ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in items) + "</ul>"

@@ -7,6 +7,7 @@ from typing import Any
 
 from jobrunner.quant_check import markdown_lines
 from jobrunner.telemetry.breakdown import PHASES
+from jobrunner.telemetry.model import Report
 
 
 def fmt(x: Any, spec: str = ",.2f") -> str:
@@ -29,58 +30,57 @@ def usd(x: float | None, spec: str | None = None) -> str:
     return f"${format(x, spec)}"
 
 
-def to_markdown(r: dict[str, Any]) -> str:
+def to_markdown(r: Report) -> str:
     lines = [
-        f"# Job report: {r['job']}",
+        f"# Job report: {r.job}",
         "",
-        f"Model `{r['model']}` on {r['device']['count']} x {r['device']['name']}"
-        f" ({r['engine']} engine).",
+        f"Model `{r.model}` on {r.device.count} x {r.device.name} ({r.engine} engine).",
         "",
         *summary_table(r),
         *price_warning_lines(r),
-        *markdown_lines(r.get("model_memory")),
+        *markdown_lines(r.model_memory),
         *time_table(r),
         *api_table(r),
         *estimate_table(r),
     ]
-    if r["notes"]:
-        lines += ["Notes:", *[f"- {n}" for n in r["notes"]], ""]
+    if r.notes:
+        lines += ["Notes:", *[f"- {n}" for n in r.notes], ""]
     return "\n".join(lines)
 
 
-def summary_table(r: dict[str, Any]) -> list[str]:
-    rows, tok, tm, c, d = r["rows"], r["tokens"], r["time"], r["cost"], r["device"]
-    energy = "not measured" if c["energy_kwh"] is None else f"{c['energy_kwh']:.5f} kWh"
+def summary_table(r: Report) -> list[str]:
+    rows, tok, tm, c, d = r.rows, r.tokens, r.time, r.cost, r.device
+    energy = "not measured" if c.energy_kwh is None else f"{c.energy_kwh:.5f} kWh"
     return [
         "| what | value |",
         "| --- | --- |",
-        f"| rows succeeded / failed | {rows['succeeded']} / {rows['failed']}"
-        f" ({rows['skipped']} already committed when the latest run started) |",
-        f"| prompt tokens (cached) | {tok['prompt']:,} ({tok['cached']:,}) |",
-        f"| completion tokens | {tok['completion']:,} |",
-        f"| wall / engine / forward seconds | {fmt(tm['wall_seconds'], '.1f')} /"
-        f" {fmt(tm['engine_seconds'], '.1f')} / {fmt(tm['forward_seconds'], '.1f')} |",
-        f"| in forward passes, after model load | {fmt(tm.get('busy_fraction_after_load'), '.0%')} |",
-        f"| completion tokens/s | {fmt(r['throughput']['completion_tokens_per_second'], ',.1f')} |",
-        f"| {d.get('unit_hours', 'device-hours')} | {fmt(d['device_hours'], '.4f')} |",
-        f"| cost | {usd(c['cost_usd'])} at {usd(c['usd_per_hour'], '.4f')}/h: {c['price_source']} |",
-        f"| $ per 1M input tokens | {usd(c['usd_per_1m_input_tokens'], ',.4f')} |",
-        f"| $ per 1M output tokens | {usd(c['usd_per_1m_output_tokens'], ',.4f')} |",
-        f"| $ per 1M tokens (input + output) | {usd(c['usd_per_1m_tokens'], ',.4f')} |",
-        f"| saved by the prefix cache | {usd(c['cache_saved_usd'])} |",
-        f"| saved by deduplication | {usd(c['dedup_saved_usd'])} |",
+        f"| rows succeeded / failed | {rows.succeeded} / {rows.failed}"
+        f" ({rows.skipped} already committed when the latest run started) |",
+        f"| prompt tokens (cached) | {tok.prompt:,} ({tok.cached:,}) |",
+        f"| completion tokens | {tok.completion:,} |",
+        f"| wall / engine / forward seconds | {fmt(tm.wall_seconds, '.1f')} /"
+        f" {fmt(tm.engine_seconds, '.1f')} / {fmt(tm.forward_seconds, '.1f')} |",
+        f"| in forward passes, after model load | {fmt(tm.busy_fraction_after_load, '.0%')} |",
+        f"| completion tokens/s | {fmt(r.throughput.completion_tokens_per_second, ',.1f')} |",
+        f"| {d.unit_hours or 'device-hours'} | {fmt(d.device_hours, '.4f')} |",
+        f"| cost | {usd(c.cost_usd)} at {usd(c.usd_per_hour, '.4f')}/h: {c.price_source} |",
+        f"| $ per 1M input tokens | {usd(c.usd_per_1m_input_tokens, ',.4f')} |",
+        f"| $ per 1M output tokens | {usd(c.usd_per_1m_output_tokens, ',.4f')} |",
+        f"| $ per 1M tokens (input + output) | {usd(c.usd_per_1m_tokens, ',.4f')} |",
+        f"| saved by the prefix cache | {usd(c.cache_saved_usd)} |",
+        f"| saved by deduplication | {usd(c.dedup_saved_usd)} |",
         f"| energy | {energy} |",
         "",
     ]
 
 
-def price_warning_lines(r: dict[str, Any]) -> list[str]:
-    warnings = r["cost"].get("price_warnings") or []
+def price_warning_lines(r: Report) -> list[str]:
+    warnings = r.cost.price_warnings
     return [*[f"> Price warning: {w}" for w in warnings], ""] if warnings else []
 
 
-def time_table(r: dict[str, Any]) -> list[str]:
-    b = r["time"]["breakdown"]
+def time_table(r: Report) -> list[str]:
+    b = r.time.breakdown
     lines = ["## Where the time went", "", "| phase | seconds | cost |", "| --- | --- | --- |"]
     lines += [
         f"| {p} | {b['seconds'][p]:.2f} | {usd(b['usd'][p])} |"
@@ -90,14 +90,14 @@ def time_table(r: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def api_table(r: dict[str, Any]) -> list[str]:
+def api_table(r: Report) -> list[str]:
     lines = [
         "## The same tokens at hosted batch APIs",
         "",
         "| provider | model | batch $ in / cached in / out per 1M | cost | x ours | price date |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for a in r["api_equivalent"]:
+    for a in r.api_equivalent:
         cached = a.get("usd_per_1m_cached_input")
         lines.append(
             f"| {a['provider']} | {a['model']} | ${a['usd_per_1m_input']} /"
@@ -105,12 +105,12 @@ def api_table(r: dict[str, Any]) -> list[str]:
             f" | {usd(a['usd'])} | {fmt(a['ratio_to_ours'], ',.2f')}"
             f" | {a['date'] or 'undated'} |"
         )
-    lines += ["", "Sources: " + "; ".join(sorted({a["source"] for a in r["api_equivalent"]}))]
+    lines += ["", "Sources: " + "; ".join(sorted({a["source"] for a in r.api_equivalent}))]
     return [*lines, ""]
 
 
-def estimate_table(r: dict[str, Any]) -> list[str]:
-    e = r.get("estimate")
+def estimate_table(r: Report) -> list[str]:
+    e = r.estimate
     if not e:
         return []
     lines = [
