@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+
+import numpy as np
 
 from jobrunner.config import JobConfig, fingerprint
 from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
-from jobrunner.formats import input_files, make_preparer, read_rows
+from jobrunner.formats import input_files
+from jobrunner.input_scan import Scan, scan_ids, scan_input  # noqa: F401  (scan_ids: callers)
 from jobrunner.io.identity import (
     ROWS_FILE,
     FileChanges,
+    RowDigestFile,
     RowDigests,
     compare_files,
     content_key,
@@ -30,10 +32,8 @@ from jobrunner.io.identity import (
     input_root,
     is_legacy,
     legacy_changes,
-    relative_name,
-    row_digest,
 )
-from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.rundir import Manifest, RunDir, make_run_dir
 
 MAX_DUPLICATES_LISTED = 10
@@ -58,7 +58,7 @@ def job_fingerprint(parts: dict) -> dict:
 
 
 @contextlib.contextmanager
-def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, set[str], int]]:
+def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, IdSet, int]]:
     """Yields (manifest, ids already terminal, input rows). Holds the run lock meanwhile."""
     make_run_dir(rundir.path)  # a store run directory's local staging directory
     rundir.check_ours()  # before the lock file: a directory that is not ours gets nothing
@@ -69,29 +69,37 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, s
         manifest = rundir.prepare()
         parts = job_parts(cfg, manifest.job.get("input"))
         _check_settings(rundir, manifest, parts)
-        old_rows = RowDigests.load(rundir.path / ROWS_FILE) if manifest.fingerprint else None
+        rows_file = rundir.path / ROWS_FILE
+        have_rows = bool(manifest.fingerprint) and RowDigests.readable(rows_file)
         changes = _input_changes(manifest, parts)
         names = [r["path"] for r in parts["input"]]
-        need = set(names) if old_rows is None else changes.paths & set(names)
-        scan = scan_input(cfg, need)
-        if scan.duplicates:
-            raise InputDataError(describe_duplicates(scan.duplicates))
-        if changes:
-            _accept_changes(rundir, changes, old_rows, scan.rows, opts.retry_errors)
-        if opts.retry_errors:
-            log.info(
-                "--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest)
-            )
-        committed = rundir.committed_ids()
-        _check_no_strays(rundir, committed, scan)
+        need = changes.paths & set(names) if have_rows else set(names)
+        # Without earlier digests every file's are made: streamed to disk, not kept in memory.
+        with RowDigestFile(rows_file) if not have_rows else contextlib.nullcontext() as sink:
+            scan = scan_input(cfg, need, rows=sink)
+            _check_scan(rundir, manifest, cfg, opts, scan, changes, have_rows)
+            committed = rundir.committed_idset()
+            _check_no_strays(rundir, committed, scan)
+            if sink is not None:  # before the manifest that names its input
+                sink.commit()
+            elif need or changes:
+                scan.rows.save(rows_file, replacing=need | changes.paths)
         if need or changes:
-            rows = old_rows or RowDigests()
-            rows.replace(scan.rows, need | changes.paths)
-            rows.save(rundir.path / ROWS_FILE)  # before the manifest that names its input
             rundir.keep_side_file(ROWS_FILE)
         manifest.fingerprint, manifest.job = job_fingerprint(parts), parts
         rundir.save_manifest(manifest)
         yield manifest, committed, scan.total
+
+
+def _check_scan(rundir, manifest, cfg, opts, scan: Scan, changes, have_rows: bool) -> None:
+    """Duplicate ids and a changed input are refused; --retry-errors forgets failed rows."""
+    if scan.duplicates:
+        raise InputDataError(describe_duplicates(scan.duplicates))
+    if changes:
+        old_rows = RowDigests.load(rundir.path / ROWS_FILE, changes.paths) if have_rows else None
+        _accept_changes(rundir, changes, old_rows, scan.rows, opts.retry_errors)
+    if opts.retry_errors:
+        log.info("--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest))
 
 
 def check_same_job(rundir: RunDir, cfg: JobConfig) -> None:
@@ -103,74 +111,9 @@ def check_same_job(rundir: RunDir, cfg: JobConfig) -> None:
     _check_settings(rundir, manifest, parts)
     changes = _input_changes(manifest, parts)
     if changes:
-        old_rows = RowDigests.load(rundir.path / ROWS_FILE)
+        old_rows = RowDigests.load(rundir.path / ROWS_FILE, changes.paths)
         scan = scan_input(cfg, changes.paths, count=False)
         _accept_changes(rundir, changes, old_rows, scan.rows, retry_errors=False)
-
-
-@dataclass
-class Scan:
-    total: int = 0
-    duplicates: dict[str, list[str]] = field(default_factory=dict)
-    id_hashes: set[int] = field(default_factory=set)
-    rows: RowDigests = field(default_factory=RowDigests)  # for the files asked for
-
-
-def scan_input(cfg: JobConfig, digest_files: set[str], count: bool = True) -> Scan:
-    """One pass over the input: rows, duplicate ids, and row digests of `digest_files`.
-
-    Holds one 8-byte hash per id; only ids whose hashes meet are read again, with their places.
-    """
-    scan, suspects = Scan(), set()
-    root, names = input_root(cfg.input.path), {}
-    for row_id, item in _iter_ids(cfg, None if count else digest_files, root):
-        scan.total += 1
-        if row_id is not None:
-            h = _id_hash(row_id)
-            (suspects if h in scan.id_hashes else scan.id_hashes).add(h)
-        elif getattr(item, "id", None) is not None:  # a row error that names its row
-            scan.id_hashes.add(_id_hash(item.id))
-        file = item.source.file if item.source else None
-        if file is None:
-            continue
-        name = names.get(file) or names.setdefault(file, relative_name(file, root))
-        if name in digest_files:
-            values = item.values if isinstance(item, RawRow) else {"error": item.message}
-            scan.rows.add(name, row_id, row_digest(values))
-    if suspects:
-        places: dict[str, list[str]] = {}
-        for row_id, item in _iter_ids(cfg, None, root):
-            if row_id is not None and _id_hash(row_id) in suspects:
-                places.setdefault(row_id, []).append(str(item.source))
-        scan.duplicates = {k: v for k, v in places.items() if len(v) > 1}
-    return scan
-
-
-def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
-    """Count rows and find duplicate ids with where each occurs, reading ids only."""
-    scan = scan_input(cfg, set())
-    return scan.total, scan.duplicates
-
-
-def _iter_ids(cfg: JobConfig, only: set[str] | None, root) -> Iterator[tuple[str | None, Item]]:
-    """(id, item) for every input item (of the files named in `only`, when given); None where
-    the row has no valid id."""
-    preparer = make_preparer(cfg, tokenizer=None)
-    paths = [cfg.input.path]
-    if only is not None:
-        paths = [f for f in input_files(cfg.input.path) if relative_name(f, root) in only]
-    for path in paths:
-        for item in read_rows(path, cfg.input.format, cfg.input.batch_rows):
-            row_id = preparer.row_id(item) if isinstance(item, RawRow) else item
-            if isinstance(row_id, str):
-                for rid in preparer.result_ids(row_id, item):
-                    yield rid, item
-            else:  # the row's error (bad id, unreadable row): it may still name the row
-                yield None, row_id
-
-
-def _id_hash(row_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(row_id.encode(), digest_size=8).digest(), "little")
 
 
 def describe_duplicates(duplicates: dict[str, list[str]]) -> str:
@@ -255,21 +198,40 @@ def _row_changes(
     return changed, old.keys() - new.keys(), new.keys() - old.keys()
 
 
-def _check_no_strays(rundir: RunDir, committed: set[str], scan: Scan) -> None:
+def _check_no_strays(rundir: RunDir, committed: IdSet, scan: Scan) -> None:
     """Committed rows whose id the input no longer has are never kept silently."""
-    strays = {i for i in committed if _id_hash(i) not in scan.id_hashes}
-    if strays:
+    stray = committed.hashes[~scan.ids.contains_hashes(committed.hashes)]
+    if len(stray):
+        shown = _stray_ids(rundir, stray)
         raise ResumeMismatch(
-            f"{rundir.path} holds {len(strays)} committed rows whose ids are not in the input"
-            f" ({_few(strays)}): the input or how ids are derived changed since the run"
-            " started; run with the earlier input, use a new output.path, or --restart"
+            f"{rundir.location} holds {len(stray)} committed rows whose ids are not in the input"
+            f" ({_few(shown, total=len(stray))}): the input or how ids are derived changed since"
+            " the run started; run with the earlier input, use a new output.path, or --restart"
         )
 
 
-def _few(ids: set[str], n: int = 5) -> str:
+def _stray_ids(rundir: RunDir, stray: np.ndarray, n: int = 5) -> set[str]:
+    """The first few committed ids among the `stray` hashes, read back from the shards."""
+    from jobrunner.io.rundir import read_id_array
+
+    found: set[str] = set()
+    ids = [read_id_array(f) for f in rundir.shard_files()]
+    errors = [str(e["id"]) for e in rundir.iter_errors() if e.get("id") is not None]
+    for chunk in [*ids, errors]:
+        hits = np.flatnonzero(np.isin(hash_ids(chunk), stray)) if len(chunk) else []
+        for k in hits[: n - len(found)]:
+            v = chunk[int(k)]
+            found.add(str(v.as_py() if hasattr(v, "as_py") else v))
+        if len(found) >= n:
+            break
+    return found
+
+
+def _few(ids: set[str], n: int = 5, total: int | None = None) -> str:
     shown = sorted(ids)[:n]
+    total = len(ids) if total is None else total
     return ", ".join(repr(i) for i in shown) + (
-        f", ... {len(ids) - n} more" if len(ids) > n else ""
+        f", ... {total - len(shown)} more" if total > len(shown) else ""
     )
 
 

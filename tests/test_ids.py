@@ -29,7 +29,10 @@ def test_batch_ids_follow_the_row_id_rules():
     floats = pa.record_batch({"id": [1.5, 2.5]})
     assert batch_ids(floats, "f.parquet", 0, "id").to_pylist() == [None, None]
     plain = pa.record_batch({"prompt": ["p", "q"]})
-    assert batch_ids(plain, "d/f.parquet", 10, "id").to_pylist() == ["f.parquet:10", "f.parquet:11"]
+    assert batch_ids(plain, "d/f.parquet", 10, "id").to_pylist() == [
+        "d/f.parquet:10",
+        "d/f.parquet:11",
+    ]
 
 
 def _cfg(path) -> JobConfig:
@@ -75,3 +78,100 @@ def test_fresh_rows_drop_committed_parquet_rows_by_id_column(tmp_path):
     everything = [(r.values["id"], r.source.row) for r in read_rows(str(tmp_path / "a.parquet"))]
     assert got == [x for x in everything if x[0] not in ("r1", "r2", "r7")]
     assert fresh.skipped == 3
+
+
+def _scan_like_the_preparer(cfg):
+    """Every id the per-row rules give (Preparer.row_id over the reader's rows)."""
+    from jobrunner.formats import make_preparer, read_rows
+
+    prep = make_preparer(cfg, tokenizer=None)
+    return {i for r in read_rows(cfg.input.path) if isinstance(i := prep.row_id(r), str)}
+
+
+def test_the_vectorized_scan_gives_the_preparers_ids_in_nested_folders(tmp_path, monkeypatch):
+    from jobrunner.input_scan import scan_input
+    from jobrunner.prep.prepare import Preparer
+
+    (tmp_path / "2024").mkdir()
+    (tmp_path / "2025").mkdir()
+    for d in ("2024", "2025"):  # no id column: ids derive from the file and row, by folder
+        pq.write_table(pa.table({"prompt": ["p", "q", "r"]}), tmp_path / d / "part.parquet")
+    pq.write_table(pa.table({"id": [3, 4], "prompt": ["s", "t"]}), tmp_path / "ints.parquet")
+    cfg = _cfg(tmp_path)
+    expected = _scan_like_the_preparer(cfg)
+    assert "2024/part.parquet:2" in expected and "3" in expected
+    # no Python object per row: the preparer's per-row rule is never called for Parquet
+    monkeypatch.setattr(Preparer, "row_id", lambda self, raw: 1 / 0)
+    scan = scan_input(cfg, set())
+    assert (scan.total, scan.duplicates) == (8, {})
+    assert scan.ids == expected
+
+
+def test_a_changed_parquet_row_is_named_on_resume(tmp_path):
+    import pytest
+
+    from jobrunner.errors import ResumeMismatch
+    from jobrunner.io.rundir import RunDir
+    from jobrunner.lifecycle import RunOptions
+    from jobrunner.resume import open_run
+
+    prompts = [f"p{i}" for i in range(6)]
+    data = tmp_path / "in" / "a.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(6)], "prompt": prompts}), data)
+    cfg = JobConfig.model_validate(
+        {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
+    )
+    rd = RunDir(cfg.output.path, "jsonl")
+    with open_run(rd, cfg, RunOptions()) as (m, done, total):
+        assert (len(done), total) == (0, 6)
+    prompts[4] = "changed"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(6)], "prompt": prompts}), data)
+    with (
+        pytest.raises(ResumeMismatch, match=r"rows changed: 1 \('r4'\)"),
+        open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()),
+    ):
+        pass
+
+
+def test_strays_are_named_from_the_committed_shards(tmp_path):
+    import pytest
+
+    from jobrunner.errors import ResumeMismatch
+    from jobrunner.io.rundir import RunDir
+    from jobrunner.lifecycle import RunOptions
+    from jobrunner.resume import open_run
+
+    data = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), data)
+    cfg = JobConfig.model_validate(
+        {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
+    )
+    rd = RunDir(cfg.output.path, "jsonl")
+    rec = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
+    with open_run(rd, cfg, RunOptions()) as (m, done, total):
+        rd.commit(m, [{"id": i, **rec} for i in ("a", "gone1", "gone2")], [])
+    # the input holds a and b: gone1 and gone2 are named, read back from the shard's ids
+    with (
+        pytest.raises(ResumeMismatch, match=r"2 committed rows .* \('gone1', 'gone2'\)"),
+        open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()),
+    ):
+        pass
+
+
+def test_resume_gets_the_committed_ids_as_an_idset(tmp_path):
+    from jobrunner.io.rundir import RunDir
+    from jobrunner.lifecycle import RunOptions
+    from jobrunner.resume import open_run
+
+    data = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), data)
+    cfg = JobConfig.model_validate(
+        {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
+    )
+    rd = RunDir(cfg.output.path, "jsonl")
+    rec = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
+    with open_run(rd, cfg, RunOptions()) as (m, done, total):
+        rd.commit(m, [{"id": "a", **rec}], [])
+    with open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()) as (m, done, total):
+        assert isinstance(done, IdSet) and done == {"a"} and total == 2

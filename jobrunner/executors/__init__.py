@@ -15,13 +15,6 @@ EXECUTORS.register_lazy("ray", "jobrunner.executors.ray:run")
 
 
 def run_with_executor(cfg, opts):
-    from jobrunner.io.fs import is_remote
-
-    if cfg.executor != "local" and is_remote(str(cfg.output.path)):
-        raise ConfigError(
-            f"output.path {cfg.output.path}: executor {cfg.executor!r} writes local run"
-            " directories only; use executor: local for an object-store output.path"
-        )
     try:
         fn = EXECUTORS.get(cfg.executor)
     except ImportError as e:

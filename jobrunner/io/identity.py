@@ -17,7 +17,7 @@ import glob
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,69 +160,138 @@ def row_digest(values: dict[str, Any]) -> bytes:
 
 @dataclass
 class RowDigests:
-    """Per input file (by relative name): (id or None, digest) for each row, in input order."""
+    """Per input file (by relative name): the id (null where the row has none) and digest of
+    each row, in input order, as Arrow chunks (a few bytes a row, no Python object per row).
 
-    files: dict[str, list[tuple[str | None, bytes]]] = field(default_factory=dict)
+    In memory only for the files a resume compares; the whole input's digests (a first run)
+    are streamed to disk by `RowDigestFile`."""
 
-    def add(self, file: str, row_id: str | None, digest: bytes) -> None:
-        self.files.setdefault(file, []).append((row_id, digest))
+    files: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)  # name -> (ids, digests)
+
+    def add_chunk(self, file: str, ids: Any, digests: Any) -> None:
+        """`ids`: an Arrow string array; `digests`: an Arrow binary(8) array of equal length."""
+        self.files.setdefault(file, []).append((ids, digests))
 
     def ids(self, names: Iterable[str]) -> dict[str, bytes]:
-        return {i: d for n in names for i, d in self.files.get(n, []) if i is not None}
-
-    def replace(self, other: RowDigests, names: Iterable[str]) -> None:
+        """{id: digest} of the rows of `names` (only to explain a changed file)."""
+        out: dict[str, bytes] = {}
         for n in names:
-            self.files.pop(n, None)
-            if n in other.files:
-                self.files[n] = other.files[n]
+            for ids, digests in self.files.get(n, []):
+                for i, d in zip(ids.to_pylist(), digests.to_pylist(), strict=True):
+                    if i is not None:
+                        out[i] = d
+        return out
 
-    def save(self, path: Path) -> None:
-        import pyarrow as pa
+    def tables(self) -> Iterator[Any]:
+        for name, chunks in self.files.items():
+            for ids, digests in chunks:
+                yield _digest_table(name, ids, digests)
+
+    def save(self, path: Path, replacing: set[str]) -> None:
+        """Write `path` atomically: its rows of files not in `replacing` (read a row group at a
+        time), then these rows."""
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        from jobrunner.io.writers import fsync_file
+        with RowDigestFile(path) as out:
+            if RowDigests.readable(path):
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+                    files = batch.column("file").cast(_schema().field("file").type)
+                    keep = pc.invert(pc.is_in(files, _strings(sorted(replacing))))
+                    t = _digest_table(files, batch.column("id"), batch.column("digest"))
+                    out.write(t.filter(keep))
+            for t in self.tables():
+                out.write(t)
+            out.commit()
 
-        cols: dict[str, list] = {"file": [], "id": [], "digest": []}
-        for name, rows in self.files.items():
-            for row_id, digest in rows:
-                cols["file"].append(name)
-                cols["id"].append(row_id)
-                cols["digest"].append(digest)
-        table = pa.table(
-            {
-                "file": pa.array(cols["file"], pa.string()).dictionary_encode(),
-                "id": pa.array(cols["id"], pa.string()),
-                "digest": pa.array(cols["digest"], pa.binary(8)),
-            }
-        )
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    @staticmethod
+    def readable(path: Path) -> bool:
+        import pyarrow.parquet as pq
+
         try:
-            pq.write_table(table, tmp)
-            fsync_file(tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+            return path.is_file() and pq.read_metadata(path) is not None
+        except Exception:  # damaged: treated as absent (rewritten by the next scan)
+            return False
 
     @classmethod
-    def load(cls, path: Path) -> RowDigests | None:
-        """None when the file is missing or unreadable (the run then cannot explain by row)."""
+    def load(cls, path: Path, names: Iterable[str]) -> RowDigests | None:
+        """The rows of files `names`; None when the file is missing or unreadable (the run then
+        cannot explain by row)."""
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        if not path.is_file():
-            return None
-        try:
-            t = pq.read_table(path)
-        except Exception:  # damaged: the caller falls back to file-level answers
-            return None
+        wanted = _strings(sorted(set(names)))
         out = cls()
-        for name, row_id, digest in zip(
-            t.column("file").to_pylist(),
-            t.column("id").to_pylist(),
-            t.column("digest").to_pylist(),
-            strict=True,
-        ):
-            out.add(name, row_id, digest)
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+                files = batch.column("file").cast(_schema().field("file").type)
+                t = _digest_table(files, batch.column("id"), batch.column("digest"))
+                t = t.filter(pc.is_in(files, wanted))
+                for name in pc.unique(t.column("file")).to_pylist():
+                    rows = t.filter(pc.equal(t.column("file"), name))
+                    ids, digests = rows.column("id"), rows.column("digest")
+                    out.add_chunk(name, ids.combine_chunks(), digests.combine_chunks())
+        except Exception:  # missing or damaged: the caller falls back to file-level answers
+            return None
         return out
+
+
+class RowDigestFile:
+    """Row digests written to `path` as they come, visible (atomically) only on commit()."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        self._writer: Any = None
+
+    def add_chunk(self, file: str, ids: Any, digests: Any) -> None:
+        self.write(_digest_table(file, ids, digests))
+
+    def write(self, table: Any) -> None:
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.tmp, _schema())
+        self._writer.write_table(table)
+
+    def commit(self) -> None:
+        from jobrunner.io.writers import fsync_file
+
+        if self._writer is None:
+            self.write(_schema().empty_table())
+        self._writer.close()
+        self._writer = None
+        fsync_file(self.tmp)
+        os.replace(self.tmp, self.path)
+
+    def __enter__(self) -> RowDigestFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("file", pa.string()), ("id", pa.string()), ("digest", pa.binary(8))])
+
+
+def _strings(values: list[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
+
+
+def _digest_table(file: Any, ids: Any, digests: Any) -> Any:
+    """A table of the digest file's schema; `file` one name (str) or a column."""
+    import pyarrow as pa
+
+    if isinstance(file, str):
+        file = pa.repeat(pa.scalar(file, pa.string()), len(ids))
+    return pa.table([file, ids.cast(pa.string()), digests.cast(pa.binary(8))], schema=_schema())
 
 
 def is_run_dir(d: Path) -> bool:

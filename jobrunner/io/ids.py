@@ -13,7 +13,6 @@ probability committed * pending / 2^64 (below 1.4e-4 for 100M rows in all).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -106,16 +105,17 @@ def repeated(hashes: np.ndarray) -> np.ndarray:
     return np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
 
 
-def batch_ids(batch: Any, file: str, first_row: int, id_column: str | None) -> Any:
+def batch_ids(batch: Any, name: str, first_row: int, id_column: str | None) -> Any:
     """The id of each row of an Arrow batch, as a string array; null where the row's id is
-    invalid (null, empty, or of a type other than text or integer)."""
+    invalid (null, empty, or of a type other than text or integer). Without an id column,
+    `<name>:<row>`, `name` being the file as derived ids name it (prepare.derived_name)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     names = batch.schema.names
     if not id_column or id_column not in names:
         rows = pa.array(np.arange(first_row, first_row + batch.num_rows))
-        return pc.binary_join_element_wise(os.path.basename(file), pc.cast(rows, pa.string()), ":")
+        return pc.binary_join_element_wise(name, pc.cast(rows, pa.string()), ":")
     col = batch.column(names.index(id_column))
     if str(col.type) not in _TEXT_OR_INT:
         return pa.nulls(batch.num_rows, pa.string())

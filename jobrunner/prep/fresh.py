@@ -14,8 +14,10 @@ import numpy as np
 from jobrunner.config import JobConfig
 from jobrunner.formats import input_files, read_rows, resolve_format
 from jobrunner.formats.parquet import read_parquet_batches
+from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids
 from jobrunner.io.readers import Item, RawRow
+from jobrunner.prep.prepare import derived_name
 from jobrunner.types import RowRef
 
 
@@ -42,9 +44,9 @@ class FreshRows:
     def _parquet(self, file: str) -> Iterator[Item]:
         import pyarrow.compute as pc
 
-        first = 0
+        first, name = 0, derived_name(file, input_root(self.cfg.input.path))
         for batch in read_parquet_batches(file, self.cfg.input.batch_rows):
-            ids = batch_ids(batch, file, first, self.cfg.input.id_column)
+            ids = batch_ids(batch, name, first, self.cfg.input.id_column)
             known = pc.is_valid(ids).to_numpy(zero_copy_only=False)
             done = np.zeros(batch.num_rows, bool)
             if known.any():

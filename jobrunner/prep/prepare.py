@@ -37,11 +37,12 @@ RESULT_COLUMNS = {
 def derived_id(ref: RowRef, root: Path | None = None) -> str:
     """`file:row`, the file named relative to the input root (`2024/part.jsonl:3`), so files of
     one name in different folders give different ids; without a root, by its base name."""
-    return f"{_file_name(ref.file, root)}:{ref.row}"
+    return f"{derived_name(ref.file, root)}:{ref.row}"
 
 
 @functools.lru_cache(maxsize=4096)
-def _file_name(file: str, root: Path | None) -> str:
+def derived_name(file: str, root: Path | str | None) -> str:
+    """How derived ids name `file`: relative to the input root, else by its base name."""
     name = relative_name(file, root) if root is not None else file
     return name if not os.path.isabs(name) else os.path.basename(file)  # outside the root
 

@@ -1,0 +1,245 @@
+"""The pass over the input before the first token: rows, duplicate ids, every id, row digests.
+
+No Python object per row survives a batch: ids are kept as 64-bit hashes (io.ids.IdSet),
+duplicates are found by sorting the hashes, and only ids whose hashes meet are read again, by
+value, with their places (so a hash collision never fails a job). Parquet and CSV inputs of the
+column preparer are read vectorized: the id column alone (io.ids.batch_ids, the rules of
+Preparer.row_id) and, for row digests of Parquet files, each row's values hashed by polars.
+Other inputs (JSONL, OpenAI batch files, a preparer with its own ids) go through their reader
+and preparer a row at a time, their hashes and digests collected a chunk at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jobrunner.config import JobConfig
+from jobrunner.formats import detect_format, input_files, make_preparer
+from jobrunner.io.identity import RowDigests, input_root, relative_name, row_digest
+from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches, repeated
+from jobrunner.io.readers import RawRow
+from jobrunner.prep.prepare import Preparer, derived_name
+from jobrunner.types import RowRef
+
+CHUNK_ROWS = 1 << 16  # rows per hashing chunk on the row-at-a-time path
+DIGEST_SEED = 0x726F7773  # polars hash_rows seed for Parquet row digests (identity.RowDigests)
+FAST_FORMATS = ("parquet", "csv")
+
+
+@dataclass
+class Scan:
+    total: int = 0
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+    ids: IdSet = field(default_factory=IdSet)  # every row's id, and the ids row errors name
+    rows: RowDigests = field(default_factory=RowDigests)  # for the files asked for
+
+
+@dataclass
+class Piece:
+    """A batch of one file's rows: `hashes` of its valid ids; `ids` (null where invalid) and
+    `digests` only when the file's row digests were asked for."""
+
+    rows: int
+    hashes: np.ndarray
+    ids: Any = None
+    digests: Any = None
+
+
+def scan_input(
+    cfg: JobConfig, digest_files: set[str], count: bool = True, rows: Any = None
+) -> Scan:
+    """One pass over the input (only the files in `digest_files` when not `count`). The digests
+    go to `rows` when given (an identity.RowDigestFile), else to the Scan's RowDigests."""
+    scan, chunks = Scan(), []
+    sink = rows if rows is not None else scan.rows
+    for name, pieces in _files(cfg, None if count else digest_files, digest_files):
+        for piece in pieces:
+            scan.total += piece.rows
+            chunks.append(piece.hashes)
+            if piece.digests is not None:
+                sink.add_chunk(name, piece.ids, piece.digests)
+    hashes = np.concatenate(chunks) if chunks else np.empty(0, np.uint64)
+    suspects = repeated(hashes)  # sorts `hashes` in place, so IdSet's sort below is cheap
+    scan.ids = IdSet(hashes)
+    if len(suspects):
+        scan.duplicates = _places(cfg, suspects)
+    return scan
+
+
+def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
+    """Count rows and find duplicate ids with where each occurs, reading ids only."""
+    scan = scan_input(cfg, set())
+    return scan.total, scan.duplicates
+
+
+def _files(
+    cfg: JobConfig, only: set[str] | None, digest_files: set[str]
+) -> Iterator[tuple[str, Iterator[Piece]]]:
+    root = input_root(cfg.input.path)
+    preparer = make_preparer(cfg, tokenizer=None)
+    for file in input_files(cfg.input.path):
+        name = relative_name(file, root)
+        if only is not None and name not in only:
+            continue
+        fmt = detect_format(file, cfg.input.format)
+        digests = name in digest_files
+        if _vectorized(preparer, fmt) and not (digests and fmt != "parquet"):
+            yield name, _fast(cfg, file, fmt, derived_name(file, root), digests)
+        else:
+            yield name, _by_row(preparer, file, fmt, cfg.input.batch_rows, digests)
+
+
+def _vectorized(preparer: Any, fmt: str) -> bool:
+    """The column preparer's ids are the id column's values (or `file:row`): batch_ids."""
+    kind = type(preparer)
+    return (
+        fmt in FAST_FORMATS
+        and kind.row_id is Preparer.row_id
+        and kind.result_ids is Preparer.result_ids
+    )
+
+
+def _fast(cfg: JobConfig, file: str, fmt: str, name: str, digests: bool) -> Iterator[Piece]:
+    col = cfg.input.id_column
+    if digests:  # fmt is parquet: whole rows, for their digests
+        from jobrunner.formats.parquet import read_parquet_batches
+
+        first, batches = 0, read_parquet_batches(file, max(cfg.input.batch_rows, CHUNK_ROWS))
+        for batch in batches:
+            ids = batch_ids(batch, name, first, col)
+            yield Piece(batch.num_rows, _valid_hashes(ids), ids, _batch_digests(batch))
+            first += batch.num_rows
+        return
+    for first, batch in iter_id_batches(file, fmt, col):
+        yield Piece(batch.num_rows, _valid_hashes(batch_ids(batch, name, first, col)))
+
+
+def _by_row(preparer: Any, file: str, fmt: str, batch_rows: int, digests: bool) -> Iterator[Piece]:
+    """The reader's items a row at a time; hashes and digests kept a chunk at a time. Digests
+    as they always were: per id an item ends as, of its values (or of its error's message)."""
+    from jobrunner.formats import input_format
+
+    rows, ids, digest_ids, digest_values = 0, [], [], []
+    for item in input_format(fmt).read(file, batch_rows):
+        row_id = preparer.row_id(item) if isinstance(item, RawRow) else item
+        if isinstance(row_id, str):
+            ended = preparer.result_ids(row_id, item)
+            ids += ended
+            values = item.values
+        else:  # the row's error (bad id, unreadable row): it may still name the row
+            ended = [None]
+            if getattr(row_id, "id", None) is not None:
+                ids.append(str(row_id.id))
+            values = {"error": row_id.message}
+        rows += len(ended)
+        if digests and getattr(row_id, "source", True) is not None:
+            digest = row_digest(values)
+            digest_ids += ended
+            digest_values += [digest] * len(ended)
+        if len(ids) >= CHUNK_ROWS or len(digest_ids) >= CHUNK_ROWS:
+            yield _piece(rows, ids, digest_ids, digest_values, digests)
+            rows, ids, digest_ids, digest_values = 0, [], [], []
+    if rows:
+        yield _piece(rows, ids, digest_ids, digest_values, digests)
+
+
+def _piece(rows: int, ids: list[str], row_ids: list, row_digests: list, digests: bool) -> Piece:
+    import pyarrow as pa
+
+    h = hash_ids(ids) if ids else np.empty(0, np.uint64)
+    if not digests:
+        return Piece(rows, h)
+    return Piece(rows, h, pa.array(row_ids, pa.string()), pa.array(row_digests, pa.binary(8)))
+
+
+def _valid_hashes(ids: Any) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    if ids.null_count:
+        ids = pc.drop_null(ids)
+    return hash_ids(ids) if len(ids) else np.empty(0, np.uint64)
+
+
+def _batch_digests(batch: Any) -> Any:
+    """8 bytes a row over all its values (polars hash_rows); row_digest where polars cannot
+    take the batch's types."""
+    import pyarrow as pa
+
+    try:
+        import polars as pl
+
+        h = pl.from_arrow(batch).hash_rows(seed=DIGEST_SEED).to_numpy()
+        return pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(8), len(h), [None, pa.py_buffer(np.ascontiguousarray(h).tobytes())]
+        )
+    except Exception:  # polars lacks a type of this batch (e.g. an empty struct)
+        return pa.array([row_digest(v) for v in _batch_values(batch)], pa.binary(8))
+
+
+def _batch_values(batch: Any) -> Iterator[dict[str, Any]]:
+    """Each row's values; a row that does not convert, as its error (as the reader has it)."""
+    try:
+        yield from batch.to_pylist()
+        return
+    except Exception:
+        pass
+    for i in range(batch.num_rows):
+        try:
+            yield batch.slice(i, 1).to_pylist()[0]
+        except Exception as e:
+            yield {"error": f"a value does not convert: {e}"}
+
+
+def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
+    """Where each id whose hash occurs twice is, by value: {id: [place, ...]} of real repeats."""
+    places: dict[str, list[str]] = {}
+    root = input_root(cfg.input.path)
+    preparer = make_preparer(cfg, tokenizer=None)
+    for file in input_files(cfg.input.path):
+        fmt = detect_format(file, cfg.input.format)
+        if _vectorized(preparer, fmt):
+            found = _fast_places(cfg, file, fmt, derived_name(file, root), suspects)
+        else:
+            found = _row_places(preparer, file, fmt, cfg.input.batch_rows, suspects)
+        for row_id, place in found:
+            places.setdefault(row_id, []).append(place)
+    return {k: v for k, v in places.items() if len(v) > 1}
+
+
+def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray):
+    import pyarrow.compute as pc
+
+    for first, batch in iter_id_batches(file, fmt, cfg.input.id_column):
+        ids = batch_ids(batch, name, first, cfg.input.id_column)
+        valid = np.flatnonzero(pc.is_valid(ids).to_numpy(zero_copy_only=False))
+        if not len(valid):
+            continue
+        hits = valid[np.isin(hash_ids(ids.take(valid)), suspects)]
+        for k in hits:
+            row = first + int(k)
+            ref = RowRef(file, row, line=row + 2) if fmt == "csv" else RowRef(file, row)
+            yield ids[int(k)].as_py(), str(ref)
+
+
+def _row_places(preparer, file: str, fmt: str, batch_rows: int, suspects: np.ndarray):
+    from jobrunner.formats import input_format
+
+    chunk: list[tuple[str, str]] = []
+    for item in input_format(fmt).read(file, batch_rows):
+        row_id = preparer.row_id(item) if isinstance(item, RawRow) else None
+        if isinstance(row_id, str):
+            chunk += [(rid, str(item.source)) for rid in preparer.result_ids(row_id, item)]
+        if len(chunk) >= CHUNK_ROWS:
+            yield from _hits(chunk, suspects)
+            chunk = []
+    yield from _hits(chunk, suspects)
+
+
+def _hits(chunk: list[tuple[str, str]], suspects: np.ndarray):
+    if chunk:
+        hits = np.isin(hash_ids([rid for rid, _ in chunk]), suspects)
+        yield from (c for c, hit in zip(chunk, hits, strict=True) if hit)
