@@ -100,10 +100,32 @@ class GenerationConfig(_Strict):
     seed: int = 0
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    # the rest of the sampling surface (engine/sampler.py); OpenAI batch bodies override per line
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # drop tokens below min_p x the top probability
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # OpenAI: once a token is in the output
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # OpenAI: per occurrence in the output
+    repetition_penalty: float = Field(1.0, gt=0.0)  # HF/vLLM: over prompt and output tokens
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> bias in [-100, 100]
+    min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids are banned before this many tokens
+    stop_token_ids: list[int] = Field(default_factory=list)  # more tokens that end a row, as EOS
+    n: int = Field(1, ge=1, le=128)  # samples per row: the result's choices
+    logprobs: bool = False  # each generated token's log-probability (the raw model distribution)
+    top_logprobs: int = Field(
+        0, ge=0, le=20
+    )  # ... and its most likely alternatives (implies logprobs)
     # structured outputs (grammar; at most one of the three; docs/DESIGN.md)
     response_format: dict[str, Any] | None = None  # {type: json_schema, json_schema: {...}} ...
     choice: list[str] | None = None  # the output is exactly one of these labels
     regex: str | None = None  # the output matches this regular expression
+
+    @model_validator(mode="after")
+    def _bias_in_range(self) -> GenerationConfig:
+        bad = {t: b for t, b in self.logit_bias.items() if not -100.0 <= b <= 100.0 or t < 0}
+        if bad:
+            raise ValueError(
+                f"logit_bias maps token ids (>= 0) to biases in [-100, 100]; got {bad}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_structure(self) -> GenerationConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,11 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request generation parameters (from `generation:` or an OpenAI batch body)."""
+    """Per-request generation parameters (from `generation:` or an OpenAI batch body).
+
+    Hashable and compared by value: the dedup key and the static engine's batch groups read
+    every field, so a new field distinguishes rows by itself (keep values immutable: tuples).
+    """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -27,11 +32,39 @@ class SamplingParams:
     seed: int = 0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
+    presence_penalty: float = 0.0  # OpenAI: minus this once a token appeared in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this x the token's count in the output
+    repetition_penalty: float = 1.0  # HF/vLLM: divide (or multiply, if < 0) seen tokens' logits
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), sorted
+    min_tokens: int = 0  # EOS and stop_token_ids are banned until this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the row like EOS (kept in token_ids)
+    n: int = 1  # samples per row, each a Choice of the row's Result
+    logprobs: bool = False  # per generated token: its log-probability (raw model distribution)
+    top_logprobs: int = 0  # ... and the most likely alternatives (0..20)
     structured: OutputSpec | None = None  # the grammar the output must match (structured/)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no logits processor and no logprobs: one argmax is the whole sampler."""
+        return (
+            self.greedy
+            and not self.logprobs
+            and not self.min_tokens
+            and not self.logit_bias
+            and self.repetition_penalty == 1.0
+            and not self.presence_penalty
+            and not self.frequency_penalty
+            and self.structured is None
+        )
+
+    def end_ids(self, eos: Iterable[int]) -> frozenset[int]:
+        """The tokens that end a row: EOS (unless ignore_eos) and its stop_token_ids."""
+        return frozenset(() if self.ignore_eos else eos) | frozenset(self.stop_token_ids)
 
 
 @dataclass(frozen=True)
@@ -64,6 +97,7 @@ class Request:
     seq_seed: int = 0
     columns: dict[str, Any] = field(default_factory=dict)  # input columns kept in the output
     meta: dict[str, Any] = field(default_factory=dict)  # format-specific extras (e.g. openai)
+    sample_index: int = 0  # which of the row's n samples this is (engines run one per Request)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -79,6 +113,7 @@ class Usage:
     (`device_seconds`), and the time outside steps (load, start-up, idle) by `work_tokens`.
     Duplicates that shared one computation carry the leader's work and split it
     (`Result.shared_with`).
+    Token counts are summed over a row's choices (each sample's tokens count, the prompt once).
     """
 
     prompt_tokens: int = 0
@@ -110,24 +145,67 @@ class Usage:
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token's log-probability (log_softmax of the raw model logits) and, in
+    `top_logprobs`, the most likely tokens at that position (their own top_logprobs empty).
+    `token` is the token's text alone; `bytes` its UTF-8 bytes (OpenAI's fields)."""
+
+    token_id: int
+    logprob: float
+    token: str = ""
+    bytes: list[int] | None = None
+    top_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Choice:
+    """One output of a row: a sample's text (stop strings applied, not included), its token ids
+    (including the EOS or stop token that ended it), why it ended, and per-token logprobs when
+    asked (one per token id)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    logprobs: list[TokenLogprob] | None = None
+    # constrained rows: "complete", or "incomplete" when the sample ended (max_new_tokens, a
+    # stop string) before its value did; None for unconstrained rows
+    structure: str | None = None
+
+
+@dataclass
 class Result:
-    """A finished row. `error_code`/`error` are set only when finish_reason is ERROR."""
+    """A finished row: its choices (n of them; none for a failed row or an embedding).
+    `error_code`/`error` are set only for a failed row (finish_reason ERROR)."""
 
     id: str
-    completion: str
-    finish_reason: FinishReason
+    choices: list[Choice]
     usage: Usage
-    token_ids: list[int] = field(default_factory=list)
     source: RowRef | None = None
     columns: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     error_code: str | None = None
     error: str | None = None
     shared_with: int = 1  # >1 when exact duplicates shared one computation (cost is split)
-    # constrained rows: "complete", or "incomplete" when the row ended (max_new_tokens, a stop
-    # string) before its value did; None for unconstrained rows
-    structure: str | None = None
-    embedding: list[float] | None = None  # an embed row's vector (task: embed); no completion
+    embedding: list[float] | None = None  # an embed row's vector (task: embed); no choices
+
+    @property
+    def completion(self) -> str:
+        return self.choices[0].text if self.choices else ""
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        if self.error_code is not None:
+            return FinishReason.ERROR
+        return self.choices[0].finish_reason if self.choices else FinishReason.STOP
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids if self.choices else []
+
+    @property
+    def structure(self) -> str | None:
+        return self.choices[0].structure if self.choices else None
 
     @property
     def ok(self) -> bool:

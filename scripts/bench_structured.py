@@ -96,7 +96,7 @@ def main() -> None:
         for name, reqs in order if k % 2 == 0 else order[::-1]:
             measured[name].append(run(engine, reqs))
             print(f"round {k + 1} {name}: {measured[name][-1]}", flush=True)
-    g = engine.runner.grammars
+    g = engine.grammars
     free_tps = sum(m["tokens"] for m in measured["free"]) / sum(m["wall"] for m in measured["free"])
     json_tps = sum(m["tokens"] for m in measured["json"]) / sum(m["wall"] for m in measured["json"])
     print(f"\n{args.rows} rows, max_new_tokens {args.max_new_tokens}, {args.rounds} round(s)")

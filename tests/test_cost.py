@@ -25,13 +25,13 @@ from jobrunner.telemetry.prices import (
 )
 from jobrunner.telemetry.record import RunRecord
 from jobrunner.telemetry.throughput import StepModel, fit_step_model
-from jobrunner.types import FinishReason, Result, Usage
+from jobrunner.types import Choice, FinishReason, Result, Usage
 
 
 def row(work: int, seconds: float = 0.0, cached: int = 0, shared_with: int = 1, rid: str = "r"):
     u = Usage(prompt_tokens=work + cached, cached_tokens=cached, prefill_tokens=work)
     u.device_seconds = seconds
-    return Result(rid, "", FinishReason.STOP, u, shared_with=shared_with)
+    return Result(rid, [Choice(0, "", [], FinishReason.STOP)], u, shared_with=shared_with)
 
 
 def test_a_row_pays_its_own_steps_whenever_it_finishes():

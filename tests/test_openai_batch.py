@@ -87,9 +87,20 @@ def test_body_fields_become_per_line_sampling_params():
         (line("a", CHAT, chat("x"), method="GET"), "bad_method", "method"),
         (line("a", CHAT, "not an object"), "bad_body", "body"),
         (line("a", CHAT, {"model": "m"}), "bad_body", "body.messages"),
-        (line("a", CHAT, chat("x", n=2)), "unsupported", "body.n"),
-        (line("a", CHAT, chat("x", logprobs=True)), "unsupported", "body.logprobs"),
-        (line("a", COMPL, {"prompt": "x", "logprobs": 3}), "unsupported", "body.logprobs"),
+        (line("a", CHAT, chat("x", n=0)), "bad_body", "body.n"),
+        (line("a", CHAT, chat("x", top_logprobs=2)), "bad_body", "body.top_logprobs"),
+        (
+            line("a", CHAT, chat("x", logprobs=True, top_logprobs=21)),
+            "bad_body",
+            "body.top_logprobs",
+        ),
+        (line("a", COMPL, {"prompt": "x", "logprobs": 30}), "bad_body", "body.logprobs"),
+        (line("a", CHAT, chat("x", logit_bias={"a": 1})), "bad_body", "body.logit_bias"),
+        (line("a", CHAT, chat("x", logit_bias={"5": 101})), "bad_body", "body.logit_bias"),
+        (line("a", CHAT, chat("x", presence_penalty=3)), "bad_body", "body.presence_penalty"),
+        (line("a", CHAT, chat("x", repetition_penalty=0)), "bad_body", "body.repetition_penalty"),
+        (line("a", CHAT, chat("x", stop_token_ids=[-1])), "bad_body", "body.stop_token_ids"),
+        (line("a", CHAT, chat("x", best_of=2)), "unsupported", "body.best_of"),
         (line("a", CHAT, chat("x", temperature="hot")), "bad_body", "body.temperature"),
         (line("a", CHAT, chat("x", max_tokens=0)), "bad_body", "body.max_tokens"),
         (line("a", CHAT, chat("x", stop=[1])), "bad_body", "body.stop"),
@@ -295,17 +306,22 @@ def read_jsonl(path):
 def test_one_output_or_error_line_per_input_line(batch_run):
     out, _, code, summary = batch_run
     assert code == 0
-    assert summary["rows"] == {"succeeded": 4, "failed": 5, "skipped": 0}
+    assert summary["rows"] == {"succeeded": 6, "failed": 3, "skipped": 0}
     outputs, errors = read_jsonl(out / "output.jsonl"), read_jsonl(out / "errors.jsonl")
-    assert sorted(o["custom_id"] for o in outputs) == ["chat-1", "chat-long", "compl-1", "compl-2"]
+    assert sorted(o["custom_id"] for o in outputs) == [
+        "chat-1",
+        "chat-long",
+        "compl-1",
+        "compl-2",
+        "logprobs",
+        "n-two",
+    ]
     assert len(outputs) + len(errors) == len(MIXED)
     got = {(e["custom_id"], e["error"]["line"], e["error"]["code"]) for e in errors}
     assert got == {
         ("bad-url", 4, "unknown_endpoint"),
         ("chat-1", 5, "duplicate_custom_id"),
         ("requests.jsonl:5", 6, "malformed_json"),
-        ("n-two", 7, "unsupported"),
-        ("logprobs", 9, "unsupported"),
     }
     for e in errors:
         assert e["response"] is None and BatchError.model_validate(e["error"]).line == e["line"]
@@ -335,6 +351,15 @@ def test_output_lines_parse_with_the_openai_types(batch_run, tokenizer):
     compl = Completion.model_validate(by_id["compl-1"]["response"]["body"])
     assert compl.usage.prompt_tokens == len(tokenizer("The capital of France is")["input_ids"])
     assert compl.usage.completion_tokens <= 5
+    two = ChatCompletion.model_validate(by_id["n-two"]["response"]["body"])
+    assert [c.index for c in two.choices] == [0, 1]  # greedy: n copies of one computation
+    assert two.choices[0].message.content == two.choices[1].message.content
+    scored = Completion.model_validate(by_id["logprobs"]["response"]["body"]).choices[0].logprobs
+    assert len(scored.tokens) == len(scored.token_logprobs) == len(scored.top_logprobs) > 0
+    assert all(
+        len(alts) <= 2 and lp <= 0
+        for alts, lp in zip(scored.top_logprobs, scored.token_logprobs, strict=True)
+    )
 
 
 @pytest.mark.slow
@@ -346,14 +371,14 @@ def test_batch_summary_costs_and_report_agree_with_the_lines(batch_run):
         batch.request_counts.total,
         batch.request_counts.completed,
         batch.request_counts.failed,
-    ) == ("completed", 9, 4, 5)
+    ) == ("completed", 9, 6, 3)
     bodies = [o["response"]["body"] for o in read_jsonl(out / "output.jsonl")]
     assert batch.usage.input_tokens == sum(b["usage"]["prompt_tokens"] for b in bodies)
     assert batch.usage.output_tokens == sum(b["usage"]["completion_tokens"] for b in bodies)
     shard_rows = [r for f in sorted((out / "results").iterdir()) for r in read_jsonl(f)]
     assert all(r["cost_usd"] > 0 and r["url"] in (CHAT, COMPL) for r in shard_rows)
     report = json.loads((out / "report.json").read_text())
-    assert report["rows"]["succeeded"] == 4 and report["rows"]["failed"] == 5
+    assert report["rows"]["succeeded"] == 6 and report["rows"]["failed"] == 3
     assert report["tokens"]["completion"] == batch.usage.output_tokens
     assert float(batch.metadata["cost_usd"]) == pytest.approx(
         sum(r["cost_usd"] for r in shard_rows)
@@ -430,3 +455,38 @@ def test_the_format_modules_import_no_torch():
     code = "import sys, jobrunner.formats, jobrunner.io.rundir; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_sampling_fields_of_openai_and_vllm_bodies_are_honoured():
+    body = chat(
+        "x",
+        n=3,
+        logprobs=True,
+        top_logprobs=4,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logit_bias={"11": -100, "7": 2.5},
+        top_k=-1,
+        min_p=0.1,
+        repetition_penalty=1.2,
+        min_tokens=2,
+        stop_token_ids=[5],
+        temperature=0.7,
+    )
+    got = parse_line(line("a", CHAT, body), SamplingParams(top_k=9), render).sampling
+    assert got == SamplingParams(
+        temperature=0.7,
+        n=3,
+        logprobs=True,
+        top_logprobs=4,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logit_bias=((7, 2.5), (11, -100.0)),
+        top_k=0,
+        min_p=0.1,
+        repetition_penalty=1.2,
+        min_tokens=2,
+        stop_token_ids=(5,),
+    )
+    legacy = parse_line(line("a", COMPL, {"prompt": "p", "logprobs": 3}), DEFAULTS, render)
+    assert (legacy.sampling.logprobs, legacy.sampling.top_logprobs) == (True, 3)

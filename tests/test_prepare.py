@@ -8,7 +8,7 @@ from jobrunner.config import JobConfig
 from jobrunner.io.readers import RawRow
 from jobrunner.prep.prepare import Preparer, row_seed
 from jobrunner.prep.render import RenderError, template_fields
-from jobrunner.types import Request, RowError, RowRef
+from jobrunner.types import Request, RowError, RowRef, SamplingParams
 
 
 def cfg(**input_kw) -> JobConfig:
@@ -102,3 +102,36 @@ def test_template_rejects_code_like_fields():
     for bad in ("{a.__class__}", "{a[0]}", "{}"):
         with pytest.raises(RenderError):
             template_fields(bad)
+
+
+def test_the_dedup_key_tells_apart_rows_differing_in_any_sampling_field():
+    import dataclasses
+
+    from jobrunner.prep.stream import dedup_key
+
+    base = SamplingParams()
+    changed = {
+        "max_new_tokens": 7,
+        "top_p": 0.5,
+        "top_k": 3,
+        "seed": 1,
+        "stop": ("x",),
+        "ignore_eos": True,
+        "min_p": 0.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "repetition_penalty": 1.2,
+        "logit_bias": ((1, 2.0),),
+        "min_tokens": 2,
+        "stop_token_ids": (4,),
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "structured": ("json_object",),
+    }
+    fields = {f.name for f in dataclasses.fields(SamplingParams)} - {"temperature"}
+    assert set(changed) == fields  # a new field must be added here (and distinguish rows)
+    key = dedup_key(Request("a", [1, 2], base))
+    for name, value in changed.items():
+        other = dedup_key(Request("b", [1, 2], dataclasses.replace(base, **{name: value})))
+        assert other is not None and other != key, name

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from jobrunner.telemetry.progress import Progress
-from jobrunner.types import FinishReason, Result, Usage
+from jobrunner.types import Choice, FinishReason, Result, Usage
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +124,10 @@ def test_finished_rows_count_when_the_engine_reports_no_live_tokens():
     progress = Progress(3, log_every=60)
     try:
         rows = [
-            Result(str(i), "x", FinishReason.LENGTH, Usage(completion_tokens=7)) for i in range(2)
+            Result(
+                str(i), [Choice(0, "x", [1] * 7, FinishReason.LENGTH)], Usage(completion_tokens=7)
+            )
+            for i in range(2)
         ]
         progress.advance(rows)
     finally:

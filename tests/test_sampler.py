@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from jobrunner.engine.paged.sampler import RowSampler, sample
+from jobrunner.engine.sampler import RowSampler, sample
 from jobrunner.types import SamplingParams
 
 
@@ -16,7 +16,7 @@ def test_greedy_takes_the_first_maximum_and_flags_nan_or_inf_rows_only():
     logits[3, :4] = float("-inf")  # masked tokens only: still a good row
     logits[3, 5] = 1.0
     logits[4] = float("-inf")  # nothing left to pick
-    greedy = RowSampler(SamplingParams(), seed=0, device=torch.device("cpu"))
-    tokens, finite = sample(logits, [greedy] * 5)
+    greedy = RowSampler(SamplingParams(), seed=0, device=torch.device("cpu"), prompt_ids=[1])
+    tokens, finite, _ = sample(logits, [greedy] * 5)
     assert finite == [True, False, False, True, False]
     assert tokens[0] == 3 and tokens[3] == 5

@@ -155,5 +155,5 @@ def test_every_constrained_output_is_whole_and_valid(model_f32):
         check(kind_of[r.id], r.completion)
     assert engine.stats.preemptions > 0 and engine.stats.cached_tokens > 0
     assert engine.stats.draft_tokens == 0  # constrained rows never draft
-    stats = engine.runner.grammars.stats
+    stats = engine.grammars.stats
     assert len(stats) == len(kinds) and sum(s.rows for s in stats.values()) == 200

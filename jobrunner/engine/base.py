@@ -5,11 +5,11 @@ The engines are registered in engine/engines.py, which picks the one a job asks 
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from jobrunner.engine.samples import Samples
 from jobrunner.telemetry.spill import SpillLog
 from jobrunner.telemetry.timeline import STEP_COLUMNS
 from jobrunner.types import Request, Result
@@ -57,9 +57,16 @@ class Engine(ABC):
         self.stats = EngineStats()
         self._stop_requested = False
 
-    @abstractmethod
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
-        """Yield one Result per request, in finishing order. Must honour request_stop()."""
+        """Yield one Result per request, in finishing order (a row's n samples as one Result
+        with n choices). Honours request_stop()."""
+        samples = Samples()
+        yield from samples.gather(self.run_samples(samples.split(requests)))
+
+    @abstractmethod
+    def run_samples(self, requests: Iterable[Request]) -> Iterator[Result]:
+        """Yield one Result per request, each one sample (`Request.sample_index`), in finishing
+        order. Must honour request_stop()."""
 
     def request_stop(self) -> None:
         """Stop admitting work; generate() returns soon, dropping unfinished rows (rerun redoes them)."""

@@ -1,8 +1,9 @@
 """The static engine: length-sorted, token-budgeted, left-padded batches through HF `generate`.
 
 The fallback for architectures the paged engine does not cover, and the baseline every benchmark
-reports against. Sampling is per row: a logits processor draws each row's token from its own
-seeded generator, so a row's sample does not depend on its batch neighbours.
+reports against. Sampling is per row, by the shared sampler (engine/sampler.py): an HF logits
+processor runs each row's RowSampler (its processors, its own seeded generator) and forces the
+token it picks, so a row's sample does not depend on its batch neighbours.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from jobrunner.engine.base import Engine
-from jobrunner.engine.finish import error_result, make_result
-from jobrunner.engine.sampling import sample_row
-from jobrunner.types import Request, Result
+from jobrunner.engine.finish import cut_at_end, error_result, make_choice, make_result
+from jobrunner.engine.sampler import RowSampler, sample
+from jobrunner.types import FinishReason, Request, Result
 
 
 def sampling_groups(reqs: list[Request]) -> list[list[Request]]:
-    """Requests that can share one generate() call: generate() applies stop strings, ignore_eos
-    and greedy-vs-sampled to the whole batch, so those must agree (OpenAI batch lines differ)."""
+    """Requests that can share one generate() call: generate() applies stop strings, end tokens,
+    ignore_eos and whether the sampler runs to the whole batch, so those must agree (OpenAI
+    batch lines differ)."""
     groups: dict[tuple, list[Request]] = {}
     for r in reqs:
-        groups.setdefault((r.sampling.stop, r.sampling.ignore_eos, r.sampling.greedy), []).append(r)
+        s = r.sampling
+        groups.setdefault((s.stop, s.ignore_eos, s.stop_token_ids, s.plain_greedy), []).append(r)
     return list(groups.values())
 
 
@@ -55,7 +58,7 @@ def _unconstrained(r: Request) -> Result:
 class StaticEngine(Engine):
     kind = "static"
 
-    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+    def run_samples(self, requests: Iterable[Request]) -> Iterator[Result]:
         it = iter(requests)
         window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)
         while not self._stop_requested and (chunk := list(islice(it, window))):
@@ -84,21 +87,21 @@ class StaticEngine(Engine):
         for i, r in enumerate(batch):
             ids[i, width - r.num_prompt_tokens :] = torch.tensor(r.prompt_token_ids)
             mask[i, width - r.num_prompt_tokens :] = 1
+        kwargs, rows = self._generate_kwargs(batch, pad)
         out = self.loaded.model.generate(
             input_ids=ids.to(self.loaded.device),
             attention_mask=mask.to(self.loaded.device),
-            **self._generate_kwargs(batch, pad),
+            **kwargs,
         )
         new = out[:, width:].tolist()
-        eos = self.loaded.eos_token_ids
         results = [
-            make_result(r, self._trim(r, toks), tok, eos)
-            for r, toks in zip(batch, new, strict=True)
+            self._result(r, toks, row) for r, toks, row in zip(batch, new, rows, strict=True)
         ]
         self._account(batch, results, time.perf_counter() - t0)
         return results
 
-    def _generate_kwargs(self, batch: list[Request], pad: int) -> dict:
+    def _generate_kwargs(self, batch: list[Request], pad: int) -> tuple[dict, list]:
+        """generate()'s arguments, and each row's RowSampler (None for plain greedy rows)."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         s = batch[0].sampling
@@ -107,7 +110,7 @@ class StaticEngine(Engine):
             max_new_tokens=max_new,
             do_sample=False,
             pad_token_id=pad,
-            eos_token_id=sorted(self.loaded.eos_token_ids),
+            eos_token_id=sorted(s.end_ids(self.loaded.eos_token_ids) or self.loaded.eos_token_ids),
             num_beams=1,
         )
         if s.ignore_eos:
@@ -115,15 +118,22 @@ class StaticEngine(Engine):
         kwargs: dict = {"generation_config": cfg}
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.loaded.tokenizer)
-        if not s.greedy:
-            kwargs["logits_processor"] = LogitsProcessorList(
-                [RowSampler(batch, self.loaded.device)]
-            )
-        return kwargs
+        rows = [
+            RowSampler.for_request(r, self.loaded.device, self.loaded.eos_token_ids) for r in batch
+        ]
+        if all(row.plain and row.logprobs is None for row in rows):
+            return kwargs, [None] * len(batch)
+        kwargs["logits_processor"] = LogitsProcessorList([ForcePicks(rows)])
+        return kwargs, rows
 
-    def _trim(self, r: Request, toks: list[int]) -> list[int]:
-        """Drop padding after a row finished and tokens past the row's own max_new_tokens."""
-        return toks[: r.sampling.max_new_tokens]
+    def _result(self, r: Request, toks: list[int], row) -> Result:
+        """Tokens up to the row's end token or its own max_new_tokens (padding dropped)."""
+        ends = r.sampling.end_ids(self.loaded.eos_token_ids)
+        toks, ended = cut_at_end(toks[: r.sampling.max_new_tokens], ends)
+        reason = FinishReason.STOP if ended else FinishReason.LENGTH
+        logprobs = row.logprobs if row is not None else None
+        choice = make_choice(self.loaded.tokenizer, r, toks, reason, ends, logprobs)
+        return make_result(r, [choice])
 
     def _account(self, batch: list[Request], results: list[Result], seconds: float) -> None:
         st = self.stats
@@ -158,23 +168,20 @@ def attribute_batch(batch: list[Request], results: list[Result], seconds: float)
         res.usage.add_step(res.usage.completion_tokens, True, seconds * n / total)
 
 
-class RowSampler:
-    """A logits processor that samples each row with its own generator and forces that token.
+class ForcePicks:
+    """An HF logits processor that lets each row's RowSampler pick its token (processors,
+    seeded draw, logprobs of the raw scores) and forces it: only that token stays finite, so
+    generate()'s greedy step takes it."""
 
-    generate() runs greedy; this processor leaves only the sampled token finite, so greedy picks
-    it. Rows keep their own torch.Generator seeded from Request.seq_seed.
-    """
-
-    def __init__(self, batch: list[Request], device) -> None:
-        import torch
-
-        self.params = [r.sampling for r in batch]
-        self.gens = [torch.Generator(device=device).manual_seed(r.seq_seed) for r in batch]
+    def __init__(self, rows: list[RowSampler]) -> None:
+        self.rows = rows
 
     def __call__(self, input_ids, scores):  # scores: (B, V)
         import torch
 
+        tokens, _, logprobs = sample(scores.float(), self.rows)
+        for row, t, lp in zip(self.rows, tokens, logprobs, strict=True):
+            row.accept([t], [lp])
         out = torch.full_like(scores, float("-inf"))
-        for i, (p, g) in enumerate(zip(self.params, self.gens, strict=True)):
-            out[i, sample_row(scores[i].float(), p, g)] = 0.0
+        out[torch.arange(len(tokens)), torch.tensor(tokens, device=scores.device)] = 0.0
         return out

@@ -11,12 +11,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jobrunner.types import Result
+from jobrunner.types import Choice, Result, TokenLogprob
 
 
 def result_record(r: Result, model: str) -> dict[str, Any]:
-    """The result row: input columns first, then the result columns of DESIGN.md."""
-    return {
+    """The result row: input columns first, then the result columns of DESIGN.md. `completion`
+    and `finish_reason` are the first choice's; `logprobs` (the first choice's tokens) appears
+    when the row asked for logprobs, `choices` (every sample) when it has more than one."""
+    rec = {
         **r.columns,
         "id": r.id,
         "completion": r.completion,
@@ -29,6 +31,34 @@ def result_record(r: Result, model: str) -> dict[str, Any]:
         "structure": r.structure,
         **({"embedding": r.embedding} if r.embedding is not None or r.meta.get("embed") else {}),
     }
+    if r.choices and r.choices[0].logprobs is not None:
+        rec["logprobs"] = logprob_records(r.choices[0].logprobs)
+    if len(r.choices) > 1:
+        rec["choices"] = [choice_record(c) for c in r.choices]
+    return rec
+
+
+def choice_record(c: Choice) -> dict[str, Any]:
+    return {
+        "index": c.index,
+        "text": c.text,
+        "finish_reason": c.finish_reason.value,
+        "completion_tokens": len(c.token_ids),
+        "logprobs": None if c.logprobs is None else logprob_records(c.logprobs),
+    }
+
+
+def logprob_records(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """One record per generated token: token, token_id, logprob, bytes, top_logprobs (each
+    alternative a record of the same four fields)."""
+    return [
+        {**_token_fields(e), "top_logprobs": [_token_fields(a) for a in e.top_logprobs]}
+        for e in entries
+    ]
+
+
+def _token_fields(e: TokenLogprob) -> dict[str, Any]:
+    return {"token": e.token, "token_id": e.token_id, "logprob": e.logprob, "bytes": e.bytes}
 
 
 Write = Callable[[list[dict[str, Any]], Path], None]

@@ -56,14 +56,24 @@ def row_seed(seed: int, row_id: str) -> int:
 def sampling_params(cfg: JobConfig) -> SamplingParams:
     g = cfg.generation
     return SamplingParams(
-        g.max_new_tokens,
-        g.temperature,
-        g.top_p,
-        g.top_k,
-        g.seed,
-        tuple(g.stop),
-        g.ignore_eos,
-        generation_spec(g.response_format, g.choice, g.regex),
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        seed=g.seed,
+        stop=tuple(g.stop),
+        ignore_eos=g.ignore_eos,
+        min_p=g.min_p,
+        presence_penalty=g.presence_penalty,
+        frequency_penalty=g.frequency_penalty,
+        repetition_penalty=g.repetition_penalty,
+        logit_bias=tuple(sorted(g.logit_bias.items())),
+        min_tokens=g.min_tokens,
+        stop_token_ids=tuple(g.stop_token_ids),
+        n=g.n,
+        logprobs=g.logprobs or g.top_logprobs > 0,
+        top_logprobs=g.top_logprobs,
+        structured=generation_spec(g.response_format, g.choice, g.regex),
     )
 
 
@@ -255,6 +265,15 @@ class Preparer:
             except SpecError as e:
                 return RowError(e.code, f"{raw.source}: {e}", raw.source, row_id, e.field)
             sampling = replace(sampling, structured=spec)
+        if bad := self._unknown_tokens(sampling):
+            return RowError(
+                "bad_sampling",
+                f"{raw.source}: {bad[0]} names token ids outside the model's vocabulary"
+                f" (size {len(self.tokenizer)}): {bad[1]}",
+                raw.source,
+                row_id,
+                bad[0],
+            )
         if sampling.max_new_tokens > room:
             sampling = replace(sampling, max_new_tokens=room)
         return Request(
@@ -267,6 +286,17 @@ class Preparer:
             row_seed(self.sampling.seed, row_id),
             self._columns(raw),
         )
+
+    def _unknown_tokens(self, s: SamplingParams) -> tuple[str, list[int]] | None:
+        """(the field, its token ids the model does not have), or None."""
+        vocab = len(self.tokenizer)
+        for name, ids in (
+            ("logit_bias", [t for t, _ in s.logit_bias]),
+            ("stop_token_ids", list(s.stop_token_ids)),
+        ):
+            if bad := [t for t in ids if t >= vocab]:
+                return name, bad
+        return None
 
     def _priority(self, raw: RawRow) -> int:
         col = self.cfg.input.priority_column

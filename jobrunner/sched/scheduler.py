@@ -5,7 +5,8 @@ running sequences first (one decode token each, or the next chunk of a long prom
 waiting sequences are admitted, highest priority and oldest first, while KV blocks and budget
 remain. A long prompt is prefilled in chunks mixed with the other rows' decode tokens.
 
-With `speculative_tokens` k > 0, a greedy row that is generating also computes up to k draft
+With `speculative_tokens` k > 0, a greedy row that is generating (and whose logits processors
+allow drafts) also computes up to k draft
 tokens (sched/draft.py) when its own tokens predict them and its blocks have room without
 preempting anyone; the runner keeps the drafts the model agrees with, plus its own next token.
 
@@ -100,6 +101,8 @@ class Scheduler:
             sampling.structured is not None
         ):
             return []
+        if seq.sampler is not None and not seq.sampler.allows_drafts:
+            return []  # a logits processor of the row reads its history (penalties, grammars)
         k = min(
             self.speculative_tokens,
             room,

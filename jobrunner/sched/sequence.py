@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from typing import Any
 
 from jobrunner.sched.draft import NgramDrafter
 from jobrunner.types import FinishReason, Request, Usage
@@ -32,7 +33,7 @@ class Sequence:
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.max_new_tokens = max_new_tokens
-        self.stop_token_ids = frozenset() if request.sampling.ignore_eos else eos_token_ids
+        self.stop_token_ids = request.sampling.end_ids(eos_token_ids)
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks
         self.num_computed_tokens = 0
@@ -43,6 +44,9 @@ class Sequence:
         self.admitted = False
         self.drafter: NgramDrafter | None = None  # speculative decoding, made on first use
         self.work = Usage()  # what the engine computed for this row, and its step time
+        # the engine's per-row sampling state (engine/sampler.RowSampler: logits processors,
+        # generator, logprobs), made at intake and kept across preemption and recompute
+        self.sampler: Any = None
 
     def __repr__(self) -> str:
         return f"Sequence({self.seq_id}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"

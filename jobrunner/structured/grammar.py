@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import xgrammar as xgr
 
+from jobrunner.engine.sampler import LogitsProcessor
 from jobrunner.structured.spec import OutputSpec
 
 # Compact JSON (", " and ": ", no free whitespace): a small model offered free whitespace can
@@ -75,7 +76,7 @@ class Grammars:
         """A fresh matcher for one row (compiling the spec if no one did yet)."""
         compiled = self.compile(spec)
         self.stats[spec].rows += 1
-        return GrammarProcessor(xgr.GrammarMatcher(compiled))
+        return GrammarProcessor(xgr.GrammarMatcher(compiled), self)
 
     def apply(
         self, logits: torch.Tensor, processors: Sequence[GrammarProcessor], rows: Sequence[int]
@@ -116,20 +117,32 @@ class Grammars:
         return self._compiler
 
 
-class GrammarProcessor:
-    """One row's matcher. `forbids_drafts`: a draft token is never checked against the
-    grammar, so constrained rows decode one token a step."""
+class GrammarProcessor(LogitsProcessor):
+    """One row's matcher, a link of its sampler's chain (engine/sampler.py). It allows no
+    drafts: a draft token is never checked against the grammar, so constrained rows decode one
+    token a step. Batched: a step's constrained rows are masked by one `apply_batch`."""
 
-    forbids_drafts = True
+    allows_drafts = False
+    batched = True
 
-    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, grammars: Grammars | None = None) -> None:
         self.matcher = matcher
+        self.grammars = grammars  # whose timing counters a batch adds to
         self.rejected = False  # a kept token the grammar refused (a bug elsewhere, not the row)
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, row=None) -> torch.Tensor:
         """logits: (V,) or (1, V); masked in place to the tokens the grammar allows next."""
         apply_masks(logits.view(1, -1), [self])
         return logits
+
+    @classmethod
+    def apply_batch(cls, logits, processors, rows) -> None:
+        """Mask the step's constrained rows in one pass (timed by their `Grammars`)."""
+        owner = processors[0].grammars
+        if owner is not None:
+            owner.apply(logits, processors, rows)
+        else:
+            apply_masks(logits, processors, rows)
 
     @property
     def structure(self) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from jobrunner.engine.base import Engine
 from jobrunner.engine.embed.st_files import pooling_mode
-from jobrunner.types import FinishReason, Request, Result, Usage
+from jobrunner.types import Request, Result, Usage
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,11 @@ class EmbedEngine(Engine):
         vec = finish_vector(v, dims, self.cfg.embedding.normalize)
         usage = Usage(prompt_tokens=r.num_prompt_tokens)
         usage.add_step(r.num_prompt_tokens, False, seconds)
-        return embed_result(r, FinishReason.STOP, usage, embedding=vec)
+        return embed_result(r, usage, embedding=vec)
 
     def _failed(self, r: Request, code: str, message: str) -> Result:
         usage = Usage(prompt_tokens=r.num_prompt_tokens)
-        return embed_result(r, FinishReason.ERROR, usage, error_code=code, error=message)
+        return embed_result(r, usage, error_code=code, error=message)
 
     def _record(self, batch: list[Request], seconds: float) -> None:
         s, tokens = self.stats, sum(r.num_prompt_tokens for r in batch)
@@ -141,12 +141,12 @@ class EmbedEngine(Engine):
         )
 
 
-def embed_result(r: Request, finish: FinishReason, usage: Usage, **fields) -> Result:
-    """An embed row's Result: no completion; `embedding` set when it succeeded."""
+def embed_result(r: Request, usage: Usage, **fields) -> Result:
+    """An embed row's Result: no choices; `embedding` set when it succeeded, `error_code` and
+    `error` when it failed."""
     return Result(
         id=r.id,
-        completion="",
-        finish_reason=finish,
+        choices=[],
         usage=usage,
         source=r.source,
         columns=r.columns,

@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jobrunner.types import FinishReason, Request, Result, Usage
+from jobrunner.engine.finish import error_result, find_stop, make_choice, make_result
+from jobrunner.types import FinishReason, Request, Result, TokenLogprob, Usage
 
 
 @dataclass
@@ -29,32 +30,34 @@ class FinishedRow:
     error_code: str | None = None
     error: str | None = None
     work: Usage = field(default_factory=Usage)  # the sequence's work fields (telemetry.cost)
-    structure: str | None = None  # constrained rows: the grammar's verdict (Result.structure)
+    ends: frozenset[int] = frozenset()  # the row's end tokens (Sequence.stop_token_ids)
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when the row asks
+    structure: str | None = None  # constrained rows: the grammar's verdict (Choice.structure)
 
 
-def make_result(row: FinishedRow, text: str, output_ids: list[int], reason: FinishReason) -> Result:
+def row_result(tokenizer: Any, row: FinishedRow, text: str | None = None) -> Result:
+    """The Result of a finished row (text: already cut at a stop string, else decoded here)."""
     req = row.request
-    usage = replace(row.work, prompt_tokens=req.num_prompt_tokens, cached_tokens=row.cached_tokens)
-    usage.completion_tokens = len(output_ids)
-    return Result(
-        id=req.id,
-        completion=text,
-        finish_reason=reason,
-        usage=usage,
-        token_ids=output_ids,
-        source=req.source,
-        columns=req.columns,
-        meta=req.meta,
-        error_code=row.error_code,
-        error=row.error,
+    if row.reason is FinishReason.ERROR:
+        return error_result(
+            req,
+            row.error_code or "error",
+            row.error or "",
+            len(row.output_ids),
+            row.cached_tokens,
+            row.work,
+        )
+    choice = make_choice(
+        tokenizer,
+        req,
+        row.output_ids,
+        row.reason,
+        row.ends,
+        row.logprobs,
+        text=text,
         structure=row.structure,
     )
-
-
-def find_stop(text: str, stops: tuple[str, ...], start: int) -> int:
-    """Index of the earliest stop string in text[start:] (as an index into text), or -1."""
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else -1
+    return make_result(req, [choice], row.cached_tokens, row.work)
 
 
 class _StopWatch:
@@ -89,7 +92,7 @@ class _StopWatch:
         if hit < 0:
             return self.text, -1
         full = tokenizer.decode(ids, skip_special_tokens=True)
-        return full, find_stop(full, self.stops, 0)  # once a row: the earliest, exactly
+        return full, find_stop(full, self.stops)  # once a row: the earliest, exactly
 
 
 class Detokenizer:
@@ -150,16 +153,19 @@ class Detokenizer:
                 continue
             text, hit = watch.feed(self.tokenizer, token_id)
             if hit >= 0:
+                seq, n = watch.seq, len(watch.output_ids)
+                logprobs = seq.sampler.logprobs if seq.sampler is not None else None
                 row = FinishedRow(
                     seq_id,
                     watch.request,
                     list(watch.output_ids),
                     FinishReason.STOP,
-                    watch.seq.num_cached_tokens,
-                    work=replace(watch.seq.work),
+                    seq.num_cached_tokens,
+                    work=replace(seq.work),
+                    logprobs=None if logprobs is None else logprobs[:n],
                     structure=_cut(watch.request),
                 )
-                self._emit(row, text[:hit], FinishReason.STOP)
+                self._emit(row, text[:hit])
                 self._stop_hits.put(seq_id)
 
     def _on_finished(self, row: FinishedRow) -> None:
@@ -167,19 +173,12 @@ class Detokenizer:
             self._done.discard(row.seq_id)
             return
         self._watches.pop(row.seq_id, None)
-        text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
-        reason = row.reason
-        if row.request.sampling.stop and reason is not FinishReason.ERROR:
-            hit = find_stop(text, row.request.sampling.stop, 0)
-            if hit >= 0:
-                text, reason = text[:hit], FinishReason.STOP
-                row.structure = _cut(row.request)
-        self._results.put(make_result(row, text, row.output_ids, reason))
+        self._results.put(row_result(self.tokenizer, row))
 
-    def _emit(self, row: FinishedRow, text: str, reason: FinishReason) -> None:
+    def _emit(self, row: FinishedRow, text: str) -> None:
         self._watches.pop(row.seq_id, None)
         self._done.add(row.seq_id)
-        self._results.put(make_result(row, text, row.output_ids, reason))
+        self._results.put(row_result(self.tokenizer, row, text))
 
 
 def _cut(request: Request) -> str | None:

@@ -22,10 +22,12 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from jobrunner.engine.base import Engine
-from jobrunner.engine.paged.detok import Detokenizer, FinishedRow, make_result
+from jobrunner.engine.finish import error_result
+from jobrunner.engine.paged.detok import Detokenizer, FinishedRow
 from jobrunner.engine.paged.kv_cache import kv_cache_for
 from jobrunner.engine.paged.model import PagedCausalLM, unsupported_reason
 from jobrunner.engine.paged.runner import ModelRunner
+from jobrunner.engine.sampler import RowSampler
 from jobrunner.sched import BlockManager, ScheduledBatch, Scheduler, Sequence
 from jobrunner.types import FinishReason, Request, Result
 
@@ -82,10 +84,11 @@ class PagedEngine(Engine):
         self._grow_after = GROW_BACK_STEPS
         self._live: dict[int, Sequence] = {}
         self._entered: dict[int, float] = {}  # seq_id -> when it entered the engine (latency)
+        self._grammars = None  # structured.grammar.Grammars, made with the first constrained row
 
     # ------------------------------------------------------------------ the loop
 
-    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+    def run_samples(self, requests: Iterable[Request]) -> Iterator[Result]:
         self._t0 = time.perf_counter()
         self.detok = Detokenizer(self.loaded.tokenizer)
         pending = iter(requests)
@@ -138,10 +141,11 @@ class PagedEngine(Engine):
             return
         max_new = min(request.sampling.max_new_tokens, capacity - n)
         seq = Sequence(request, max_new, self.eos_token_ids)
+        seq.sampler = RowSampler.for_request(request, self.loaded.device, self.eos_token_ids)
         spec = request.sampling.structured
         if spec is not None:
             try:  # compiled already by the prep stage unless this engine runs without one
-                self.runner.processors[seq.seq_id] = self.grammars.processor(spec)
+                seq.sampler.add(self.grammars.processor(spec))
             except ValueError as e:  # GrammarError: the spec does not compile
                 self._reject(request, "bad_schema", str(e))
                 return
@@ -151,19 +155,18 @@ class PagedEngine(Engine):
         self.scheduler.add(seq)
 
     def _reject(self, request: Request, code: str, message: str) -> None:
-        row = FinishedRow(-1, request, [], FinishReason.ERROR, 0, code, message)
-        self.detok.result(make_result(row, "", [], FinishReason.ERROR))
+        self.detok.result(error_result(request, code, message))
 
     @property
     def grammars(self):
         """The compiled grammars for this model's tokenizer (structured.grammar.Grammars), made
         with the first constrained row: xgrammar takes about a second to import."""
-        if self.runner.grammars is None:
+        if self._grammars is None:
             from jobrunner.structured.grammar import Grammars
 
             vocab = self.loaded.hf_config.vocab_size  # the logits width
-            self.runner.grammars = Grammars(self.loaded.tokenizer, vocab, self.eos_token_ids)
-        return self.runner.grammars
+            self._grammars = Grammars(self.loaded.tokenizer, vocab, self.eos_token_ids)
+        return self._grammars
 
     def compile_grammar(self, spec) -> None:
         """Compile a row's spec ahead (the prep thread calls it); raises GrammarError."""
@@ -270,8 +273,6 @@ class PagedEngine(Engine):
     def _post_finished(self, seq: Sequence, msg: str | None = None) -> None:
         self._live.pop(seq.seq_id, None)
         self._entered.pop(seq.seq_id, None)
-        proc = self.runner.processors.get(seq.seq_id)
-        self.runner.release(seq.seq_id)
         self.detok.finished(
             FinishedRow(
                 seq.seq_id,
@@ -281,8 +282,10 @@ class PagedEngine(Engine):
                 seq.num_cached_tokens,
                 seq.error_code,
                 msg,
-                seq.work,
-                structure=proc.structure if proc is not None else None,
+                work=seq.work,
+                ends=seq.stop_token_ids,
+                logprobs=seq.sampler.logprobs,
+                structure=seq.sampler.structure,
             )
         )
 
@@ -292,7 +295,6 @@ class PagedEngine(Engine):
             self._entered.pop(seq_id, None)
             if seq is not None:
                 self.scheduler.finish(seq, FinishReason.STOP)
-                self.runner.release(seq_id)
 
     # ------------------------------------------------------------------ telemetry
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -18,7 +17,7 @@ from jobrunner.engine.paged.attention import (
 from jobrunner.engine.paged.cuda_graphs import DecodeGraphs
 from jobrunner.engine.paged.kv_cache import KVCache
 from jobrunner.engine.paged.model import PagedCausalLM
-from jobrunner.engine.paged.sampler import RowSampler, sample
+from jobrunner.engine.sampler import sample
 from jobrunner.sched.batch import ScheduledBatch
 from jobrunner.sched.draft import accept
 
@@ -53,10 +52,6 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.device = device
-        self.samplers: dict[int, RowSampler] = {}  # seq_id -> sampler (non-greedy state)
-        # seq_id -> its grammar's matcher (structured/grammar.py); set by the engine on intake
-        self.processors: dict[int, Any] = {}
-        self.grammars = None  # structured.grammar.Grammars, made with the first constrained row
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton and graph capture use the current device
         self.dtype = model.dtype
@@ -112,10 +107,8 @@ class ModelRunner:
         row to fail; its tokens are meaningless)."""
         inputs = self.prepare(batch)
         logits = self._forward(inputs)  # (R, V)
-        if self.processors:
-            self._constrain(logits, batch, inputs.sampling_rows)
-        samplers = [self._sampler(batch.seqs[i]) for i in inputs.sampling_rows]
-        sampled, finite = sample(logits, samplers)
+        rows = [batch.seqs[i].sampler for i in inputs.sampling_rows]
+        sampled, finite, logprobs = sample(logits, rows)  # processors run on the logits here
         picks: dict[int, list[int]] = {}  # batch row -> its logits rows, in position order
         for j, row in enumerate(inputs.sampling_rows):
             picks.setdefault(row, []).append(j)
@@ -124,21 +117,9 @@ class ModelRunner:
         for row, js in picks.items():
             kept = accept(batch.drafts[row], [sampled[j] for j in js])
             tokens[row], ok[row] = kept, all(finite[j] for j in js[: len(kept)])
-            proc = self.processors.get(batch.seqs[row].seq_id)
-            if proc is not None and ok[row]:
-                proc.accept(kept)  # the matcher follows the row's kept tokens
+            if ok[row]:  # the row's processors (a grammar's matcher) follow its kept tokens
+                batch.seqs[row].sampler.accept(kept, [logprobs[j] for j in js[: len(kept)]])
         return tokens, ok
-
-    def _constrain(self, logits: torch.Tensor, batch: ScheduledBatch, rows: list[int]) -> None:
-        """Mask the constrained rows' logits to their grammars, in one batched pass."""
-        procs, index = [], []
-        for j, row in enumerate(rows):
-            proc = self.processors.get(batch.seqs[row].seq_id)
-            if proc is not None:
-                procs.append(proc)
-                index.append(j)
-        if procs:
-            self.grammars.apply(logits, procs, index)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         t, n = inputs.meta.triton, inputs.input_ids.shape[0]
@@ -154,17 +135,6 @@ class ModelRunner:
         return self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers, inputs.logits_rows
         )
-
-    def release(self, seq_id: int) -> None:
-        self.samplers.pop(seq_id, None)
-        self.processors.pop(seq_id, None)
-
-    def _sampler(self, seq) -> RowSampler:
-        s = self.samplers.get(seq.seq_id)
-        if s is None:
-            req = seq.request
-            s = self.samplers[seq.seq_id] = RowSampler(req.sampling, req.seq_seed, self.device)
-        return s
 
     # ------------------------------------------------------------------ inputs
 

@@ -89,38 +89,84 @@ def _usage(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _choices(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's choices (one record field per sample, or the single completion)."""
+    return rec.get("choices") or [
+        {
+            "index": 0,
+            "text": rec["completion"],
+            "finish_reason": rec["finish_reason"],
+            "logprobs": rec.get("logprobs"),
+        }
+    ]
+
+
+def _top(a: dict[str, Any]) -> dict[str, Any]:
+    return {"token": a["token"], "logprob": a["logprob"], "bytes": a["bytes"]}
+
+
+def chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """OpenAI's ChoiceLogprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    if entries is None:
+        return None
+    content = [{**_top(e), "top_logprobs": [_top(a) for a in e["top_logprobs"]]} for e in entries]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The completions endpoint's legacy shape: tokens, token_logprobs, top_logprobs (a
+    {token: logprob} map per position) and text_offset (into the completion text)."""
+    if entries is None:
+        return None
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
 def chat_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
-    message, finish = _message(rec, rid)
+    choices = []
+    for c in _choices(rec):
+        call_id = f"call_{rid}" + (f"_{c['index']}" if c["index"] else "")
+        message, finish = _message(c["text"], c["finish_reason"], rec.get("tool_call"), call_id)
+        choices.append(
+            {
+                "index": c["index"],
+                "message": message,
+                "logprobs": chat_logprobs(c["logprobs"]),
+                "finish_reason": finish,
+            }
+        )
     return {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion",
         "created": created,
         "model": rec["model"],
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
+        "choices": choices,
         "usage": _usage(rec),
         "system_fingerprint": None,
     }
 
 
-def _message(rec: dict[str, Any], rid: str) -> tuple[dict[str, Any], str]:
+def _message(
+    text: str, finish: str, tool: str | None, call_id: str
+) -> tuple[dict[str, Any], str]:
     """The assistant message and finish reason. A forced tool call (the `tool_call` column: the
     named function, or "" when the output names it) is answered as the API answers it:
     `tool_calls` with the arguments as JSON text, content null, finish_reason "tool_calls".
     One cut short by max_tokens stays text, with "length"."""
-    text, finish, tool = rec["completion"], rec["finish_reason"], rec.get("tool_call")
     call = _tool_call(text, tool) if tool is not None and finish == "stop" else None
     if call is None:
         return {"role": "assistant", "content": text, "refusal": None}, finish
     name, arguments = call
     tool_call = {
-        "id": f"call_{rid}",
+        "id": call_id,
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
     }
@@ -143,19 +189,21 @@ def _tool_call(text: str, tool: str) -> tuple[str, Any] | None:
 
 
 def completion_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
+    choices = [
+        {
+            "index": c["index"],
+            "text": c["text"],
+            "logprobs": completion_logprobs(c["logprobs"]),
+            "finish_reason": c["finish_reason"],
+        }
+        for c in _choices(rec)
+    ]
     return {
         "id": f"cmpl-{rid}",
         "object": "text_completion",
         "created": created,
         "model": rec["model"],
-        "choices": [
-            {
-                "index": 0,
-                "text": rec["completion"],
-                "logprobs": None,
-                "finish_reason": rec["finish_reason"],
-            }
-        ],
+        "choices": choices,
         "usage": _usage(rec),
         "system_fingerprint": None,
     }

@@ -27,20 +27,14 @@ SEED_MASK = (1 << 63) - 1
 # Options that change what a response holds; rejected per line until supported (null, false and
 # the defaults shown are accepted).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
     "stream": (None, False),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "logit_bias": (None, {}),
     "audio": (None,),
     "prediction": (None,),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
 }
 HONOURED = {
     "model",
@@ -56,6 +50,18 @@ HONOURED = {
     "tools",
     "tool_choice",
     "parallel_tool_calls",  # one call is an answer either way
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    # vLLM's extra sampling fields
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
 }
 # Any other body field (user, metadata, store, service_tier, ...) is ignored, with one warning.
 
@@ -235,24 +241,80 @@ def check_unsupported(body: dict[str, Any]) -> None:
 
 
 def parse_sampling(body: dict[str, Any], d: SamplingParams) -> tuple[SamplingParams, int | None]:
+    """The body's sampling fields over the job's defaults, and its seed (if any)."""
     max_new = _number(body, "max_completion_tokens", int, 1)
     if max_new is None:
         max_new = _number(body, "max_tokens", int, 1)
-    temperature = _number(body, "temperature", float, 0.0, 2.0)
     top_p = _number(body, "top_p", float, 0.0, 1.0)
     if top_p == 0.0:
         raise RenderError("bad_body", "body.top_p must be > 0", "body.top_p")
+    top_k = _number(body, "top_k", int, -1)
     seed = _number(body, "seed", int)
-    stop = _stop(body.get("stop"))
-    s = replace(
-        d,
-        max_new_tokens=d.max_new_tokens if max_new is None else max_new,
-        temperature=d.temperature if temperature is None else temperature,
-        top_p=d.top_p if top_p is None else top_p,
-        seed=d.seed if seed is None else seed,
-        stop=d.stop if stop is None else stop,
-    )
-    return s, seed
+    given = {
+        "max_new_tokens": max_new,
+        "temperature": _number(body, "temperature", float, 0.0, 2.0),
+        "top_p": top_p,
+        "top_k": None if top_k is None else max(top_k, 0),  # vLLM: -1 turns top-k off
+        "min_p": _number(body, "min_p", float, 0.0, 1.0),
+        "seed": seed,
+        "stop": _stop(body.get("stop")),
+        "n": _number(body, "n", int, 1, 128),
+        "presence_penalty": _number(body, "presence_penalty", float, -2.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", float, -2.0, 2.0),
+        "repetition_penalty": _number(body, "repetition_penalty", float, 0.0),
+        "min_tokens": _number(body, "min_tokens", int, 0),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
+        "stop_token_ids": _token_ids(body.get("stop_token_ids"), "stop_token_ids"),
+        **_logprobs(body),
+    }
+    if given["repetition_penalty"] == 0.0:
+        raise RenderError(
+            "bad_body", "body.repetition_penalty must be > 0", "body.repetition_penalty"
+        )
+    return replace(d, **{k: v for k, v in given.items() if v is not None}), seed
+
+
+def _logprobs(body: dict[str, Any]) -> dict[str, Any]:
+    """Chat: `logprobs: bool` and `top_logprobs: 0..20`; completions: `logprobs: 0..20`, the
+    number of alternatives (OpenAI's legacy field)."""
+    v = body.get("logprobs")
+    if isinstance(v, bool) or v is None:
+        top = _number(body, "top_logprobs", int, 0, 20)
+        if top and not v:
+            raise RenderError(
+                "bad_body", "body.top_logprobs needs body.logprobs: true", "body.top_logprobs"
+            )
+        return {"logprobs": v, "top_logprobs": top}
+    return {"logprobs": True, "top_logprobs": _number(body, "logprobs", int, 0, 20)}
+
+
+def _logit_bias(v: Any) -> tuple[tuple[int, float], ...] | None:
+    if v is None:
+        return None
+    msg = "body.logit_bias must map token ids to numbers in [-100, 100]"
+    if not isinstance(v, dict):
+        raise RenderError("bad_body", msg, "body.logit_bias")
+    out = []
+    for k, b in v.items():
+        try:
+            token = int(k)
+        except (TypeError, ValueError):
+            raise RenderError("bad_body", f"{msg}; got key {k!r}", "body.logit_bias") from None
+        ok = isinstance(b, (int, float)) and not isinstance(b, bool) and -100 <= b <= 100
+        if token < 0 or not ok:
+            raise RenderError("bad_body", f"{msg}; got {k!r}: {b!r}", "body.logit_bias")
+        out.append((token, float(b)))
+    return tuple(sorted(out))
+
+
+def _token_ids(v: Any, key: str) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v
+    ):
+        raise RenderError("bad_body", f"body.{key} must be a list of token ids", f"body.{key}")
+    return tuple(v)
 
 
 def _number(
