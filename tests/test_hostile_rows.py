@@ -36,7 +36,7 @@ def echo_engine(monkeypatch, tokenizer):
     import jobrunner.engine.loader as loader
     import jobrunner.engine.quant.apply as apply
     from jobrunner.engine.resolve import ModelSource
-    from jobrunner.types import FinishReason, Result, Usage
+    from jobrunner.types import Choice, FinishReason, Result, Usage
 
     class Echo(base.Engine):
         kind = "echo"
@@ -44,7 +44,8 @@ def echo_engine(monkeypatch, tokenizer):
         def generate(self, requests):
             for r in requests:
                 usage = Usage(prompt_tokens=r.num_prompt_tokens, completion_tokens=1)
-                yield Result(r.id, "ok", FinishReason.STOP, usage, [1], r.source, r.columns, r.meta)
+                choice = Choice(0, "ok", [1], FinishReason.STOP)
+                yield Result(r.id, [choice], usage, r.source, r.columns, r.meta)
 
     def load_model(cfg):
         src = ModelSource("hf_dir", "/nonexistent", "echo")

@@ -88,7 +88,12 @@ def test_the_mean_completion_of_finished_rows_replaces_max_new_tokens():
     progress = Progress(4, log_every=60, live=counters, prompt=prompts(100, 4), max_new_tokens=500)
     try:
         counters.prefill_tokens = 100
-        rows = [Result(str(i), "x", FinishReason.STOP, Usage(completion_tokens=20)) for i in (0, 1)]
+        rows = [
+            Result(
+                str(i), [Choice(0, "x", [1] * 20, FinishReason.STOP)], Usage(completion_tokens=20)
+            )
+            for i in (0, 1)
+        ]
         progress.advance(rows)
         snap = progress.snapshot()
     finally:
@@ -142,7 +147,8 @@ def test_rows_still_running_past_the_mean_are_not_taken_as_done():
     counters = live(prefill_tokens=100, generated_tokens=42, step_log=steps)
     progress = Progress(3, 60, counters, prompts(100, 3), max_new_tokens=128)
     try:
-        progress.advance([Result("a", "x", FinishReason.STOP, Usage(completion_tokens=14))])
+        choice = Choice(0, "x", [1] * 14, FinishReason.STOP)
+        progress.advance([Result("a", [choice], Usage(completion_tokens=14))])
         snap = progress.snapshot()
     finally:
         progress.close()

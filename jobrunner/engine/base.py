@@ -46,7 +46,7 @@ class EngineStats:
         return self.forward_seconds / self.engine_seconds if self.engine_seconds else 0.0
 
 
-class Engine(ABC):
+class Engine:
     """Generates completions. Results carry final text (stop strings applied, not included)."""
 
     kind: str = "?"
@@ -63,10 +63,10 @@ class Engine(ABC):
         samples = Samples()
         yield from samples.gather(self.run_samples(samples.split(requests)))
 
-    @abstractmethod
     def run_samples(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Yield one Result per request, each one sample (`Request.sample_index`), in finishing
-        order. Must honour request_stop()."""
+        order. Must honour request_stop(). (An engine overriding `generate` itself needs not.)"""
+        raise NotImplementedError
 
     def request_stop(self) -> None:
         """Stop admitting work; generate() returns soon, dropping unfinished rows (rerun redoes them)."""
