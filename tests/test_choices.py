@@ -170,3 +170,51 @@ def test_a_registered_processor_runs_on_every_row_of_the_engine(model_f32, ids, 
     assert got["a"].token_ids[0] != plain.token_ids[0]
     assert got["b"].token_ids == plain.token_ids  # its neighbour has no processor
     assert bans["a"].accepted == got["a"].token_ids  # accept() heard every kept token
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_job_file_writes_n_choices_and_logprobs_as_list_columns(tmp_path, fmt):
+    """The documented layout: one row per input row; `choices` and `logprobs` list columns;
+    usage and cost count every sample."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from jobrunner.cli import app
+
+    data = tmp_path / "in.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": t}) + "\n" for i, t in enumerate(TEXTS))
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"""
+model: {{source: smollm2-135m-instruct, dtype: float32}}
+input: {{path: {data}}}
+generation: {{max_new_tokens: 4, temperature: 0.8, n: 2, logprobs: true, top_logprobs: 2,
+              repetition_penalty: 1.1, seed: 3}}
+output: {{path: {tmp_path / "out"}, format: {fmt}}}
+engine: {{kv_cache_bytes: 50000000}}
+"""
+    )
+    result = CliRunner().invoke(app, ["run", str(job)])
+    assert result.exit_code == 0, result.output
+    (shard,) = sorted((tmp_path / "out" / "results").glob(f"part-*.{fmt}"))
+    if fmt == "parquet":
+        rows = pq.read_table(shard).to_pylist()
+    else:
+        rows = [json.loads(x) for x in shard.read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == ["r0", "r1"]
+    for r in rows:
+        assert [c["index"] for c in r["choices"]] == [0, 1]
+        assert r["completion"] == r["choices"][0]["text"]
+        assert r["completion_tokens"] == sum(c["completion_tokens"] for c in r["choices"])
+        assert r["cost_usd"] > 0
+        for c in r["choices"]:
+            assert len(c["logprobs"]) == c["completion_tokens"]
+            assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in c["logprobs"])
+        assert r["logprobs"] == r["choices"][0]["logprobs"]
+    if fmt == "parquet":
+        assert pa.types.is_list(pq.read_schema(shard).field("choices").type)

@@ -397,12 +397,12 @@ def test_rerun_does_nothing_and_reassembly_is_exact(batch_run):
     (out / "_SUCCESS").unlink()
     (out / "output.jsonl").unlink()
     code, summary = run_cli(*args)
-    assert (code, summary["rows"]) == (0, {"succeeded": 4, "failed": 5, "skipped": 9})
+    assert (code, summary["rows"]) == (0, {"succeeded": 6, "failed": 3, "skipped": 9})
     assert all((out / name).read_bytes() == b for name, b in before.items())
     # skipped counts the rows the latest run found committed, not a sum over every resume
     (out / "_SUCCESS").unlink()
     code, summary = run_cli(*args)
-    assert (code, summary["rows"]) == (0, {"succeeded": 4, "failed": 5, "skipped": 9})
+    assert (code, summary["rows"]) == (0, {"succeeded": 6, "failed": 3, "skipped": 9})
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ def choice_record(c: Choice) -> dict[str, Any]:
         "finish_reason": c.finish_reason.value,
         "completion_tokens": len(c.token_ids),
         "logprobs": None if c.logprobs is None else logprob_records(c.logprobs),
+        "structure": c.structure,
     }
 
 

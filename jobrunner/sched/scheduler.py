@@ -95,14 +95,12 @@ class Scheduler:
 
     def _draft(self, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a greedy generating row, none past its token or length limits."""
-        sampling = seq.request.sampling
-        # a draft token is not checked against a grammar: constrained rows decode one at a time
-        if not (self.speculative_tokens and seq.num_output_tokens and sampling.greedy) or (
-            sampling.structured is not None
-        ):
+        if not (self.speculative_tokens and seq.num_output_tokens and seq.request.sampling.greedy):
             return []
         if seq.sampler is not None and not seq.sampler.allows_drafts:
-            return []  # a logits processor of the row reads its history (penalties, grammars)
+            # a logits processor of the row reads its history (penalties), or would have to
+            # check each draft token (a grammar: constrained rows decode one token a step)
+            return []
         k = min(
             self.speculative_tokens,
             room,

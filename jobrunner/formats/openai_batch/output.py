@@ -154,9 +154,7 @@ def chat_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
     }
 
 
-def _message(
-    text: str, finish: str, tool: str | None, call_id: str
-) -> tuple[dict[str, Any], str]:
+def _message(text: str, finish: str, tool: str | None, call_id: str) -> tuple[dict[str, Any], str]:
     """The assistant message and finish reason. A forced tool call (the `tool_call` column: the
     named function, or "" when the output names it) is answered as the API answers it:
     `tool_calls` with the arguments as JSON text, content null, finish_reason "tool_calls".
