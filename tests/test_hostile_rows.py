@@ -32,9 +32,8 @@ def tokenizer():
 def echo_engine(monkeypatch, tokenizer):
     """The pipeline with an engine that answers every request at once (no weights)."""
     import jobrunner.engine.base as base
-    import jobrunner.engine.engines as engines
     import jobrunner.engine.loader as loader
-    import jobrunner.engine.quant.apply as apply
+    import jobrunner.engine.start as start
     from jobrunner.engine.resolve import ModelSource
     from jobrunner.types import Choice, FinishReason, Result, Usage
 
@@ -51,10 +50,11 @@ def echo_engine(monkeypatch, tokenizer):
         src = ModelSource("hf_dir", "/nonexistent", "echo")
         return loader.LoadedModel(None, tokenizer, src, "cpu", "float32", "/nonexistent")
 
+    # start_engine's own names (it imported them): patched there, and restored after the test
     monkeypatch.setattr(loader, "load_model", load_model)
-    monkeypatch.setattr(apply, "prepare_weights", lambda loaded, cfg: {})
-    monkeypatch.setattr(apply, "check_engine", lambda engine, cfg: None)
-    monkeypatch.setattr(engines, "make_engine", lambda loaded, cfg: Echo(loaded, cfg))
+    monkeypatch.setattr(start, "prepare_weights", lambda loaded, cfg: {})
+    monkeypatch.setattr(start, "check_engine", lambda engine, cfg: None)
+    monkeypatch.setattr(start, "make_engine", lambda loaded, cfg: Echo(loaded, cfg))
 
 
 def run_job(
