@@ -29,6 +29,13 @@ engine: {{kind: paged, kv_cache_bytes: 20000000}}
 """
 
 
+@pytest.fixture(autouse=True)
+def fresh_profiles(monkeypatch, tmp_path):
+    """Each test starts on a device with no profile: the session's profile folder holds what
+    earlier tests' runs recorded (a matching one would replace the bounds checked here)."""
+    monkeypatch.setenv("JOBRUNNER_PROFILE_DIR", str(tmp_path / "fresh-profiles"))
+
+
 @pytest.fixture
 def job(tmp_path):
     pq.write_table(
