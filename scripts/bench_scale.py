@@ -64,14 +64,14 @@ def validate(job_file: Path) -> dict:
     }
 
 
-def first_result(job_file: Path, results: Path) -> dict:
-    """Start `jobrunner run`, stop it when its first row is committed."""
+def first_result(job_file: Path, results: Path, before: frozenset = frozenset()) -> dict:
+    """Start `jobrunner run`, stop it when it commits a shard not in `before` (its first)."""
     t = time.monotonic()
     proc = subprocess.Popen(
         [*CLI, "run", str(job_file)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     peak = 0
-    while not (results.is_dir() and any(results.glob("part-*"))):
+    while not (set(results.glob("part-*")) - before):
         if proc.poll() is not None:
             raise RuntimeError(proc.stderr.read().decode()[-3000:])
         peak = max(peak, _hwm(proc.pid))
@@ -156,28 +156,10 @@ def main() -> None:
     if "resume" in only:
         j = job(args.workdir, big, "resume")
         committed_run_dir(j, args.committed)
-        before = set((args.workdir / "resume" / "results").glob("part-*"))
         res = args.workdir / "resume" / "results"
-        out[f"resume_{args.committed}_committed"] = _resume(j, res, before)
+        before = frozenset(res.glob("part-*"))
+        out[f"resume_{args.committed}_committed"] = first_result(j, res, before)
         print(json.dumps(out), flush=True)
-
-
-def _resume(job_file: Path, results: Path, before: set) -> dict:
-    t = time.monotonic()
-    proc = subprocess.Popen(
-        [*CLI, "run", str(job_file)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    peak = 0
-    while not (set(results.glob("part-*")) - before):
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode()[-3000:])
-        peak = max(peak, _hwm(proc.pid))
-        time.sleep(0.05)
-    wall = time.monotonic() - t
-    peak = max(peak, _hwm(proc.pid))
-    proc.kill()
-    proc.wait()
-    return {"seconds_to_first_token": wall, "peak_rss_mb": peak / 1024}
 
 
 if __name__ == "__main__":

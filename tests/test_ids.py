@@ -134,6 +134,19 @@ def test_a_changed_parquet_row_is_named_on_resume(tmp_path):
         pass
 
 
+def two_row_run(tmp_path):
+    """A job over a two-row Parquet file (ids a and b), its run directory, a result record."""
+    from jobrunner.io.rundir import RunDir
+
+    data = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), data)
+    cfg = JobConfig.model_validate(
+        {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
+    )
+    rec = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
+    return cfg, RunDir(cfg.output.path, "jsonl"), rec
+
+
 def test_strays_are_named_from_the_committed_shards(tmp_path):
     import pytest
 
@@ -142,13 +155,7 @@ def test_strays_are_named_from_the_committed_shards(tmp_path):
     from jobrunner.lifecycle import RunOptions
     from jobrunner.resume import open_run
 
-    data = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), data)
-    cfg = JobConfig.model_validate(
-        {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
-    )
-    rd = RunDir(cfg.output.path, "jsonl")
-    rec = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
+    cfg, rd, rec = two_row_run(tmp_path)
     with open_run(rd, cfg, RunOptions()) as (m, done, total):
         rd.commit(m, [{"id": i, **rec} for i in ("a", "gone1", "gone2")], [])
     # the input holds a and b: gone1 and gone2 are named, read back from the shard's ids
@@ -164,13 +171,7 @@ def test_resume_gets_the_committed_ids_as_an_idset(tmp_path):
     from jobrunner.lifecycle import RunOptions
     from jobrunner.resume import open_run
 
-    data = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), data)
-    cfg = JobConfig.model_validate(
-        {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
-    )
-    rd = RunDir(cfg.output.path, "jsonl")
-    rec = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
+    cfg, rd, rec = two_row_run(tmp_path)
     with open_run(rd, cfg, RunOptions()) as (m, done, total):
         rd.commit(m, [{"id": "a", **rec}], [])
     with open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()) as (m, done, total):
