@@ -1,9 +1,11 @@
 """Encoder models (BERT family) over packed tokens: no padding goes through a linear layer.
 
 A batch is the concatenation of its sequences (T, D), sorted by length. Embeddings,
-projections, feed-forward and layer norms run on those T rows; attention runs once per run of
-sequences of one length, on a view of the packed rows (no padding, no mask, no gather). Other
-encoders run as HF modules on length-sorted padded batches (`PaddedEncoder`).
+projections, feed-forward and layer norms run on those T rows; attention is one call of the
+native varlen kernel per layer on CPU in float32 (native.py: every sequence attends over itself
+in the packed rows), else torch's SDPA once per run of sequences of one length, on a view of the
+packed rows (no padding, no mask, no gather). Other encoders run as HF modules on length-sorted
+padded batches (`PaddedEncoder`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from jobrunner.engine.embed import native
 from jobrunner.engine.embed.pooling import pool
 
 BERT_TYPES = ("bert",)
@@ -44,6 +47,10 @@ class PackedBert:
             w = torch.cat([s.query.weight, s.key.weight, s.value.weight])
             b = torch.cat([s.query.bias, s.key.bias, s.value.bias])
             self.qkv.append((w, b))
+        # the native layer fuses exact GELU; other activations keep the HF modules' path
+        self.native = getattr(cfg, "hidden_act", None) == "gelu" and native.shapes_supported(
+            self.head_dim, cfg.intermediate_size
+        )
 
     @torch.inference_mode()
     def embed(self, seqs: list[list[int]], mode: str) -> torch.Tensor:  # (B, D) float32
@@ -57,6 +64,11 @@ class PackedBert:
         e = self.hf.embeddings
         h = e.word_embeddings(ids) + e.token_type_embeddings(torch.zeros_like(ids))
         h = e.LayerNorm(h + e.position_embeddings(pos))
+        if self.native and native.supported(h):
+            offsets = torch.tensor([0, *lens]).cumsum(0)  # (B + 1,)
+            for layer, (w, b) in zip(self.hf.encoder.layer, self.qkv, strict=True):
+                h = self._native_layer(h, layer, w, b, offsets)
+            return h
         runs = length_runs(lens)
         for layer, (w, b) in zip(self.hf.encoder.layer, self.qkv, strict=True):
             ctx = self._attend(F.linear(h, w, b), runs)  # (T, D)
@@ -66,6 +78,18 @@ class PackedBert:
             out = layer.output
             h = out.LayerNorm(out.dense(inter.intermediate_act_fn(inter.dense(h))) + h)
         return h
+
+    def _native_layer(self, h, layer, w, b, offsets: torch.Tensor) -> torch.Tensor:  # (T, D)
+        """One BertLayer, float32 on CPU: every bias rides in a kernel or in the residual the
+        GEMM accumulates into (addmm_ with beta 1), so no bias is copied into an output."""
+        ctx = native.varlen_attention(h @ w.t(), b, offsets, self.num_heads, self.head_dim)
+        att = layer.attention.output
+        h = att.LayerNorm((h + att.dense.bias).addmm_(ctx, att.dense.weight.t()))
+        up = h @ layer.intermediate.dense.weight.t()  # (T, 4D) before its bias
+        if not native.bias_gelu_(up, layer.intermediate.dense.bias):
+            up = F.gelu(up + layer.intermediate.dense.bias)
+        out = layer.output
+        return out.LayerNorm((h + out.dense.bias).addmm_(up, out.dense.weight.t()))
 
     def _attend(self, qkv: torch.Tensor, runs: list[tuple[int, int, int]]) -> torch.Tensor:
         nh, hd = self.num_heads, self.head_dim

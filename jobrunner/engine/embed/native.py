@@ -1,0 +1,141 @@
+"""The encoder's native CPU kernels (csrc/: varlen attention, bias + GELU), compiled with the system C compiler
+at first use, as engine/paged/cpu_kernels.py builds its own (a separate library: the two evolve
+apart). Loaded after torch and built with -fopenmp, it runs on torch's libgomp thread pool. The
+shared object is cached under $JOBRUNNER_CACHE/kernels, keyed by the source, the compiler and
+this CPU's flags. Without a compiler, or with JOBRUNNER_CPU_KERNELS=0, `load()` returns None
+and the encoder keeps its torch attention; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from jobrunner.engine.resolve import writable_cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
+HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    if os.environ.get("JOBRUNNER_CPU_KERNELS", "1") == "0":
+        log.info("encoder kernel off (JOBRUNNER_CPU_KERNELS=0): attention runs through torch")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        log.info("encoder kernel unavailable (%s): attention runs through torch", exc)
+        return None
+    lib.varlen_attention.restype = ctypes.c_int
+    lib.varlen_attention.argtypes = [_ptr] * 3 + [_i64] * 3 + [ctypes.c_float, _ptr, ctypes.c_int]
+    lib.bias_gelu.restype = ctypes.c_int
+    lib.bias_gelu.argtypes = [_ptr, _ptr, _i64, _i64, ctypes.c_int]
+    return lib
+
+
+def build() -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    code = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
+    key = hashlib.sha256(code + version.stdout.encode() + cpu_flags())
+    target = writable_cache_dir() / "kernels" / f"jobrunner-embed-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", *map(str, SOURCES)]
+    cmd += ["-o", tmp]
+    done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
+    return target
+
+
+def cpu_flags() -> bytes:
+    """This CPU's feature flags: `-march=native` code must not run on another CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode() + platform.machine().encode()
+
+
+def shapes_supported(head_dim: int, intermediate_size: int) -> bool:
+    """Whether an encoder of these sizes runs on the kernels (AVX2 + FMA, 8-float vectors)."""
+    return head_dim % 8 == 0 and head_dim <= 128 and intermediate_size % 8 == 0 and usable()
+
+
+@functools.cache
+def usable() -> bool:
+    """The library loads and this CPU runs its vector code (a build without AVX2 returns 2)."""
+    lib = load()
+    if lib is None:
+        return False
+    x, b = torch.zeros(1, 8), torch.zeros(8)
+    if lib.bias_gelu(x.data_ptr(), b.data_ptr(), 1, 8, 1) != 0:
+        log.info("encoder kernels need AVX2 and FMA: attention runs through torch")
+        return False
+    return True
+
+
+def supported(x: torch.Tensor) -> bool:
+    """Whether the kernels can run on tensors like x (float32 on the CPU, a C compiler here)."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and usable()
+
+
+def varlen_attention(
+    qkv: torch.Tensor, bias: torch.Tensor, offsets: torch.Tensor, num_heads: int, head_dim: int
+) -> torch.Tensor | None:
+    """Bidirectional attention of each packed sequence over itself.
+
+    qkv: (T, 3 nh hd) float32 CPU, contiguous: q, k, v of each token side by side, before
+    `bias` (3 nh hd,) is added; offsets: (B + 1,) int64 token offsets of the sequences.
+    Returns the context (T, nh hd), or None when the kernel cannot run here (the caller keeps
+    its torch path)."""
+    if not supported(qkv):
+        return None
+    qkv, bias = qkv.contiguous(), bias.contiguous()  # held: the kernel reads their memory
+    offsets = offsets.to(torch.int64).contiguous()
+    out = torch.empty(qkv.shape[0], num_heads * head_dim, dtype=qkv.dtype)
+    rc = load().varlen_attention(
+        qkv.data_ptr(),
+        bias.data_ptr(),
+        offsets.data_ptr(),
+        offsets.numel() - 1,
+        num_heads,
+        head_dim,
+        head_dim**-0.5,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out if rc == 0 else None
+
+
+def bias_gelu_(x: torch.Tensor, bias: torch.Tensor) -> bool:
+    """x = gelu(x + bias) in place (exact erf GELU), x (rows, cols) contiguous float32 CPU.
+    False when the kernel cannot run here (x untouched)."""
+    if not (supported(x) and x.is_contiguous() and bias.is_contiguous()):
+        return False
+    rows, cols = x.shape
+    return load().bias_gelu(x.data_ptr(), bias.data_ptr(), rows, cols, torch.get_num_threads()) == 0
