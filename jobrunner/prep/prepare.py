@@ -18,6 +18,7 @@ from jobrunner.config import JobConfig
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import Framed, PromptRenderer, RenderError
+from jobrunner.prep.tokens import TextEncoder
 from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 
@@ -110,7 +111,8 @@ class Preparer:
     def _to_request(self, row_id: str, raw: RawRow, text: str, ids) -> Request | RowError:
         if isinstance(ids, BaseException):
             return row_failure(raw, row_id, "tokenize_failed", "cannot tokenize the prompt", ids)
-        return self._guarded(raw, row_id, lambda: self._request(row_id, raw, text, list(ids)))
+        ids = ids if isinstance(ids, list) else list(ids)
+        return self._guarded(raw, row_id, self._request, row_id, raw, text, ids)
 
     def _tokenize(self, texts: list[str]) -> list[list[int] | BaseException]:
         """Token ids per text, batched; when the batch fails, text by text, so one text the
@@ -129,10 +131,12 @@ class Preparer:
                     out.append(e)
             return out
 
-    def _guarded(self, raw: RawRow, row_id: str | None, step: Callable[[], Any]) -> Any:
-        """A per-row step; any failure becomes that row's error (never the job's)."""
+    def _guarded(
+        self, raw: RawRow, row_id: str | None, step: Callable[..., Any], *args: Any
+    ) -> Any:
+        """A per-row step, `step(*args)`; any failure becomes that row's error (never the job's)."""
         try:
-            return step()
+            return step(*args)
         except RenderError as e:
             return RowError(e.code, f"{raw.source}: {e}", raw.source, row_id, e.field)
         except (RecursionError, MemoryError) as e:
@@ -148,22 +152,28 @@ class Preparer:
         if framed:
             pre, post = frame
             contents = [texts[k].content for k in framed]
-            for k, ids in zip(
-                framed, self.tokenizer(contents, add_special_tokens=False)["input_ids"], strict=True
-            ):
+            for k, ids in zip(framed, self.encoder.encode(contents, False), strict=True):
                 out[k] = [*pre, *ids, *post]
         rest = [k for k in range(len(texts)) if not (frame and isinstance(texts[k], Framed))]
         if rest:
             special = self.renderer.adds_special_tokens
-            encoded = self.tokenizer([texts[k] for k in rest], add_special_tokens=special)
-            for k, ids in zip(rest, encoded["input_ids"], strict=True):
-                out[k] = list(ids)
+            encoded = self.encoder.encode([texts[k] for k in rest], special)
+            for k, ids in zip(rest, encoded, strict=True):
+                out[k] = ids
         return out
+
+    @functools.cached_property
+    def encoder(self) -> TextEncoder:
+        """The tokenizer's batch call, or its cached byte-level form (prep/tokens.py)."""
+        return TextEncoder(self.tokenizer)
 
     # ------------------------------------------------------------------ per row
 
     def _render(self, item: Item) -> RowError | tuple[str, RawRow, str]:
-        return self._per_row(item, lambda raw: self.renderer.render(raw.values))
+        return self._per_row(item, self._render_values)
+
+    def _render_values(self, raw: RawRow) -> Any:
+        return self.renderer.render(raw.values)
 
     def _per_row(
         self, item: Item, render: Callable[[RawRow], Any]
@@ -172,11 +182,14 @@ class Preparer:
         or a RenderError (named by row and field)."""
         if isinstance(item, RowError):
             return item
-        row_id = self._guarded(item, None, lambda: self.row_id(item))
+        row_id = self._guarded(item, None, self.row_id, item)
         if isinstance(row_id, RowError):
             return row_id
-        text = self._guarded(item, row_id, lambda: self._bounded(render(item)))
+        text = self._guarded(item, row_id, self._rendered, render, item)
         return text if isinstance(text, RowError) else (row_id, item, text)
+
+    def _rendered(self, render: Callable[[RawRow], Any], item: RawRow) -> Any:
+        return self._bounded(render(item))
 
     def _bounded(self, text: Any) -> Any:
         """The rendered prompt, refused before tokenizing when over input.max_prompt_chars."""
@@ -289,6 +302,8 @@ class Preparer:
 
     def _unknown_tokens(self, s: SamplingParams) -> tuple[str, list[int]] | None:
         """(the field, its token ids the model does not have), or None."""
+        if not s.logit_bias and not s.stop_token_ids:
+            return None
         vocab = len(self.tokenizer)
         for name, ids in (
             ("logit_bias", [t for t, _ in s.logit_bias]),

@@ -10,9 +10,11 @@ its result fans out to them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import queue
 import threading
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -23,7 +25,7 @@ from jobrunner.io.ids import IdSet, committed
 from jobrunner.io.readers import Item
 from jobrunner.prep.fresh import FreshRows
 from jobrunner.prep.order import order_requests
-from jobrunner.types import Request, Result, RowError
+from jobrunner.types import Request, Result, RowError, SamplingParams
 
 _END = object()
 CHECK_ROWS = 256  # rows checked against the committed ids at once (one vectorized lookup)
@@ -34,8 +36,17 @@ def dedup_key(r: Request) -> bytes | None:
     if not r.sampling.greedy:
         return None
     dims = r.meta.get("dimensions")  # an embedding's truncation (task: embed)
-    h = hashlib.blake2b(repr((r.prompt_token_ids, r.sampling, dims)).encode(), digest_size=16)
+    ids = r.prompt_token_ids
+    h = hashlib.blake2b(len(ids).to_bytes(8, "little"), digest_size=16)
+    h.update(array("q", ids).tobytes())
+    h.update(_settings_text(r.sampling, dims).encode())
     return h.digest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _settings_text(sampling: SamplingParams, dims: Any) -> str:
+    """repr of the parameters (hashable by value): one per distinct setting, not per row."""
+    return repr((sampling, dims))
 
 
 class Prep:
