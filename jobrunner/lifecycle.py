@@ -109,9 +109,14 @@ def answer_finished(rundir: RunDir, cfg: JobConfig, opts: RunOptions) -> JobSumm
     """A finished run that is not to be redone answers with its outcome (0 or 65), completing
     whatever a crash left undone; None when the run has work to do. A changed job is refused
     (78), even when this one is done."""
+    rundir.check_ours()  # a _SUCCESS with no manifest beside it is not this job's
     if not rundir.finished or opts.restart or (opts.retry_errors and rundir.has_errors):
         return None
     check_same_job(rundir, cfg)
+    if not rundir.check_finished(rundir.load_manifest()):
+        log.warning("%s: committed shards are gone; their rows run again", rundir.location)
+        rundir.unmark_success()
+        return None
     return _close(cfg, rundir, None)
 
 

@@ -239,7 +239,8 @@ def test_shard_renamed_but_manifest_not_written_is_adopted(tmp_path, monkeypatch
     rd = RunDir(tmp_path, "jsonl")
     assert [f.name for f in rd.shard_files()] == ["part-00000.jsonl"]
     m = rd.prepare()
-    assert m.shards == [{"name": "part-00000.jsonl", "rows": 3}]
+    size = (rd.results / "part-00000.jsonl").stat().st_size
+    assert m.shards == [{"name": "part-00000.jsonl", "rows": 3, "bytes": size}]
     assert m.counts == {"succeeded": 2, "failed": 2}
     assert rd.committed_ids() == {"r0", "r1", "r2", "r3"}
     crash.arm(None)

@@ -270,3 +270,54 @@ def test_a_full_disk_exits_75_naming_the_path_and_a_rerun_with_space_finishes(tm
         assert (disk / "out" / "_SUCCESS").exists()
     finally:
         subprocess.run(["umount", "-l", str(disk)])
+
+
+def finished(tmp_path: Path, fmt: str = "jsonl") -> tuple[RunDir, JobConfig]:
+    """A run directory whose three rows were committed one shard each, and marked done."""
+    cfg = cfg_for(write(tmp_path / "in.jsonl", rows(3)), tmp_path / "out", fmt)
+    rd = RunDir(cfg.output.path, fmt)
+    with open_run(rd, cfg, RunOptions()) as (m, _, _):
+        for i in ("r00", "r01", "r02"):
+            rd.commit(m, [record(i)], [])
+        rd.mark_finished(m, 0)
+        rd.mark_success(m)
+    return rd, cfg
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_finished_run_names_a_shard_changed_or_added_after_it_finished(tmp_path, fmt):
+    rd, _ = finished(tmp_path, fmt)
+    assert rd.check_finished(rd.load_manifest())
+    first, second = rd.shard_files()[:2]
+    first.write_bytes(first.read_bytes()[:-3])  # truncated, or edited by hand
+    with pytest.raises(RunDirError, match=f"{first.name} changed after it was committed"):
+        rd.check_finished(rd.load_manifest())
+    first.unlink()  # moved out, as the message says: its rows run again
+    assert not rd.check_finished(rd.load_manifest())
+    (rd.results / "part-09999.jsonl").write_bytes(second.read_bytes())
+    with pytest.raises(RunDirError, match="part-09999.jsonl is not a shard this finished run"):
+        rd.check_finished(rd.load_manifest())
+
+
+def test_a_finished_runs_rerun_after_a_shard_is_moved_out_runs_its_rows_again(tmp_path):
+    from jobrunner.lifecycle import answer_finished
+
+    rd, cfg = finished(tmp_path)
+    assert answer_finished(rd, cfg, RunOptions()) is not None  # done: answered at once
+    rd.shard_files()[1].unlink()
+    assert answer_finished(rd, cfg, RunOptions()) is None  # the pipeline runs the lost rows
+    assert not rd.success_marked
+    done, total = start(cfg)
+    assert total == 3 and done == {"r00", "r02"}
+
+
+def test_success_beside_shards_without_a_manifest_is_not_this_jobs(tmp_path):
+    from jobrunner.lifecycle import answer_finished
+
+    rd, cfg = finished(tmp_path)
+    rd.manifest_path.unlink()  # the shards and _SUCCESS of some job, its manifest gone
+    before = {p.name: p.read_bytes() for p in rd.results.iterdir()}
+    with pytest.raises(RunDirError, match="holds no jobrunner run") as e:
+        answer_finished(rd, cfg, RunOptions())
+    assert e.value.exit_code == 78
+    assert {p.name: p.read_bytes() for p in rd.results.iterdir()} == before

@@ -79,7 +79,7 @@ FAULT_ENV = "JOBRUNNER_FAULT_KILL"
 @dataclass
 class Manifest:
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    shards: list[dict[str, Any]] = field(default_factory=list)  # {name, rows}
+    shards: list[dict[str, Any]] = field(default_factory=list)  # {name, rows, bytes}
     errors_bytes: int = 0
     counts: dict[str, int] = field(default_factory=dict)  # succeeded, failed, skipped
     started_at: float = 0.0
@@ -200,7 +200,7 @@ class RunDir:
         m.shards, succeeded = [], 0
         for f in self.shard_files():
             reasons = self._read_checked(f, "finish_reason")
-            m.shards.append({"name": f.name, "rows": len(reasons)})
+            m.shards.append({"name": f.name, "rows": len(reasons), "bytes": f.stat().st_size})
             succeeded += sum(r != "error" for r in reasons)
         self._error_places = ErrorPlaces(self.iter_errors())
         m.counts["succeeded"] = succeeded
@@ -218,6 +218,29 @@ class RunDir:
             with open(self.errors_path, "r+b") as f:
                 f.truncate(keep)
                 os.fsync(f.fileno())
+
+    def check_finished(self, m: Manifest) -> bool:
+        """A finished run's results/ as it recorded them, by a stat per shard (nothing read):
+        a stray file or a shard whose size changed is named (78); False when a recorded shard
+        is gone, so its rows run again. Shards recorded before sizes were kept pass on name."""
+        for stale in self.results.glob(".*.tmp*"):  # a commit's, torn by a crash: never a row
+            stale.unlink(missing_ok=True)
+        self._check_results()
+        listed = {s["name"]: s.get("bytes") for s in m.shards}
+        on_disk = {p.name: p.stat().st_size for p in self.shard_files()}
+        for name, size in on_disk.items():
+            if name not in listed:
+                raise RunDirError(
+                    f"{self.results / name} is not a shard this finished run committed: move it"
+                    " out of results/ and run again"
+                )
+            if listed[name] is not None and listed[name] != size:
+                raise RunDirError(
+                    f"{self.results / name} changed after it was committed ({size} bytes, "
+                    f"{listed[name]} when written): restore it, or move it out of results/ and"
+                    " run again (its rows are generated again), or --restart"
+                )
+        return listed.keys() <= on_disk.keys()
 
     def _check_results(self) -> None:
         """results/ holds the job's shards only: anything else is named, never read as rows."""
@@ -310,7 +333,7 @@ class RunDir:
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
         if tmp is not None:
             publish(tmp, path)
-            m.shards.append({"name": path.name, "rows": len(records)})
+            m.shards.append({"name": path.name, "rows": len(records), "bytes": path.stat().st_size})
         fault("after_shard", self._commits)
         ok = sum(r["finish_reason"] != "error" for r in records)
         for key, n in (("succeeded", ok), ("failed", len(errors))):
@@ -504,8 +527,8 @@ def _failed_rows_cost(path: Path) -> float:
 def check_ours(rundir: RunDir) -> None:
     """A directory is a run's when it holds a manifest, or nothing a run would not write before
     its first one; anything else is the user's and is refused, never truncated or deleted."""
-    if rundir.manifest_path.exists():
-        return
+    if rundir.manifest_path.exists() or not rundir.path.is_dir():
+        return  # a run's, or nothing yet (make_run_dir names a file in its place)
     foreign = [
         p.name
         for p in sorted(rundir.path.iterdir())

@@ -122,6 +122,13 @@ class StoreRunDir:
         if foreign:
             raise not_a_run(self.url, "no commits/", foreign, "under an empty prefix")
 
+    def check_finished(self, m: Manifest) -> bool:
+        """A finished run's recorded shards are all in the store (one listing); False when one
+        is gone, so its rows run again. Objects are written once under their final names, and
+        those no record lists were removed when the run finished."""
+        present = {k.rsplit("/", 1)[-1] for k in self._list("results")}
+        return all(s["name"] in present for s in m.shards)
+
     @property
     def has_errors(self) -> bool:
         self._read_records()
