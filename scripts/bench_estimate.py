@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = "engine: {kind: paged}"
@@ -75,11 +76,11 @@ def quickstart_job(tmp: Path, rows: int | None) -> Path:
         sub = tmp / "quickstart.parquet"
         pq.write_table(pq.read_table(data).slice(0, rows), sub)
         data = sub
-    text = (ROOT / "jobs/quickstart.yaml").read_text()
-    text = text.replace("data/samples/prompts.parquet", str(data))
-    text = text.replace("out/quickstart", str(tmp / "out-quickstart"))
+    job = yaml.safe_load((ROOT / "jobs/quickstart.yaml").read_text())
+    job["input"]["path"] = str(data)  # absolute: the job file moves to tmp
+    job["output"]["path"] = str(tmp / "out-quickstart")
     path = tmp / "quickstart.yaml"
-    path.write_text(text)
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
 
 
