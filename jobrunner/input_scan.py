@@ -50,24 +50,65 @@ class Piece:
 
 
 def scan_input(
-    cfg: JobConfig, digest_files: set[str], count: bool = True, rows: Any = None
+    cfg: JobConfig,
+    digest_files: set[str],
+    count: bool = True,
+    rows: Any = None,
+    stop: Any = None,
+    expect_rows: int = 0,
 ) -> Scan:
     """One pass over the input (only the files in `digest_files` when not `count`). The digests
-    go to `rows` when given (an identity.RowDigestFile), else to the Scan's RowDigests."""
-    scan, chunks = Scan(), []
+    go to `rows` when given (an identity.RowDigestFile), else to the Scan's RowDigests. Once
+    `stop` (a threading.Event) is set, it returns what it has read so far. `expect_rows` (the
+    footers' count) sizes the hash array at once: 8 bytes a row, not chunks and their copy."""
+    scan, hashes = Scan(), _Hashes(expect_rows)
     sink = rows if rows is not None else scan.rows
     for name, pieces in _files(cfg, None if count else digest_files, digest_files):
         for piece in pieces:
+            if stop is not None and stop.is_set():
+                return scan
             scan.total += piece.rows
-            chunks.append(piece.hashes)
+            hashes.add(piece.hashes)
             if piece.digests is not None:
                 sink.add_chunk(name, piece.ids, piece.digests)
-    hashes = np.concatenate(chunks) if chunks else np.empty(0, np.uint64)
+    hashes = hashes.array()
     suspects = repeated(hashes)  # sorts `hashes` in place, so IdSet's sort below is cheap
     scan.ids = IdSet(hashes)
     if len(suspects):
         scan.duplicates = _places(cfg, suspects)
     return scan
+
+
+class _Hashes:
+    """Id hashes as they come: into one array of the expected size, chunks past it."""
+
+    def __init__(self, expect: int) -> None:
+        self.buf, self.n, self.chunks = np.empty(expect, np.uint64), 0, []
+
+    def add(self, h: np.ndarray) -> None:
+        if self.n + len(h) <= len(self.buf):
+            self.buf[self.n : self.n + len(h)] = h
+            self.n += len(h)
+        else:
+            self.chunks.append(h)
+
+    def array(self) -> np.ndarray:
+        head = self.buf[: self.n]
+        return np.concatenate([head, *self.chunks]) if self.chunks else head
+
+
+def metadata_rows(cfg: JobConfig) -> int | None:
+    """The input's row count from its Parquet footers, when every file is Parquet read by the
+    column preparer (the rows the scan would count); None otherwise."""
+    from jobrunner.formats.parquet import open_parquet
+
+    preparer = make_preparer(cfg, tokenizer=None)
+    files = input_files(cfg.input.path)
+    if not all(_vectorized(preparer, detect_format(f, cfg.input.format)) for f in files):
+        return None
+    if any(detect_format(f, cfg.input.format) != "parquet" for f in files):
+        return None
+    return sum(open_parquet(f).metadata.num_rows for f in files)
 
 
 def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:

@@ -5,8 +5,9 @@
     rundir = run_dir(cfg)
     if (done := answer_finished(rundir, cfg, opts)) is not None:
         return done                                   # a finished job answers with its outcome
-    with stop_before_rows() as stop, open_run(rundir, cfg, opts) as (manifest, skip_ids, total):
+    with stop_before_rows() as stop, start_run(rundir, cfg, opts) as (manifest, ..., check):
         committed, interrupted = work(OpenRun(...))   # the executor's own: generate and commit
+        run.ready()                                   # the input checked (resume.start_run)
         return finish_run(cfg, rundir, manifest, interrupted, committed)
 
 `finish_run` saves the manifest, writes the reports, assembles the output format's files,
@@ -23,10 +24,12 @@ from typing import Any
 from jobrunner.config import JobConfig
 from jobrunner.errors import InputDataError, Interrupted
 from jobrunner.formats import output_format
+from jobrunner.input_check import InputCheck
+from jobrunner.io.committer import Write, into_rundir
 from jobrunner.io.ids import IdSet
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.store_rundir import open_rundir
-from jobrunner.resume import check_same_job, open_run
+from jobrunner.resume import check_same_job, open_run, start_run
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.model import Report, load_report
 from jobrunner.telemetry.report import write_reports
@@ -80,6 +83,22 @@ class OpenRun:
     skip_ids: IdSet  # ids already terminal
     total_rows: int  # input rows, skipped ones included
     stop: SignalLatch  # re-raise a signal a library swallowed
+    check: InputCheck = field(default_factory=InputCheck)  # the whole-input pass, maybe running
+
+    def ready(self) -> None:
+        """Wait for the input check (duplicate ids, strays, row digests); raise what it found.
+        Every commit of the run comes after it (`commit_write`)."""
+        self.check.wait()
+
+    def commit_write(self) -> Write:
+        """The run directory's commit, each call after `ready()`."""
+        write = into_rundir(self.rundir, self.manifest)
+
+        def gated(records, errors, sources):
+            self.ready()
+            return write(records, errors, sources)
+
+        return gated
 
 
 # The executor's part: generate and commit every pending row, append one RunRecord to
@@ -92,9 +111,14 @@ def execute(cfg: JobConfig, opts: RunOptions, work: Work) -> JobSummary:
     rundir = run_dir(cfg)
     if (done := answer_finished(rundir, cfg, opts)) is not None:
         return done
-    with stop_before_rows() as stop, open_run(rundir, cfg, opts) as (manifest, skip_ids, total):
-        run = OpenRun(cfg, opts, rundir, manifest, skip_ids, total, stop)
+    with (
+        stop_before_rows() as stop,
+        start_run(rundir, cfg, opts) as (manifest, skip_ids, total, check),
+    ):
+        run = OpenRun(cfg, opts, rundir, manifest, skip_ids, total, stop, check)
         committed, interrupted = work(run)
+        if not interrupted:
+            run.ready()  # a run that committed nothing still refuses an input that fails it
         return finish_run(cfg, rundir, manifest, interrupted, committed)
 
 

@@ -13,7 +13,7 @@ import signal
 import time
 
 from jobrunner.config import JobConfig
-from jobrunner.io.committer import Committer, into_rundir
+from jobrunner.io.committer import Committer
 from jobrunner.lifecycle import JobSummary, OpenRun, RunOptions, execute
 from jobrunner.prep.stream import PrepStream
 from jobrunner.telemetry import profile
@@ -91,7 +91,7 @@ def _committer(run: OpenRun, started, rate, stream: PrepStream) -> Committer:
     """Shards every output.shard_rows rows or shard_seconds, priced by the work of each row."""
     engine = started.engine
     return Committer(
-        into_rundir(run.rundir, run.manifest),
+        run.commit_write(),  # the first commit waits for the input check
         started.loaded.source.name,
         rate.usd_per_hour,
         run.cfg.output.shard_rows,
@@ -117,6 +117,9 @@ def _run_engine(engine, stream, committer: Committer, progress: Progress) -> boo
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for result in engine.generate(stream.stream()):
+            if state.setdefault("results", 0) == 0:  # a marker the scale bench waits for
+                log.info("first result, %.1f s after the model load began", _since(committer))
+            state["results"] += 1
             done = [result, *stream.fan_out(result)]
             committer.add(done)
             progress.advance(done)
@@ -125,6 +128,10 @@ def _run_engine(engine, stream, committer: Committer, progress: Progress) -> boo
             signal.signal(s, h)
         stream.stop()
     return state["signals"] > 0
+
+
+def _since(committer: Committer) -> float:
+    return time.monotonic() - committer.ledger.start
 
 
 def _record_profile(cfg: JobConfig, device, engine, committer: Committer, run: RunRecord) -> None:

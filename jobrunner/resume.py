@@ -20,7 +20,14 @@ import numpy as np
 from jobrunner.config import JobConfig, fingerprint
 from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
 from jobrunner.formats import input_files
-from jobrunner.input_scan import Scan, scan_ids, scan_input  # noqa: F401  (scan_ids: callers)
+from jobrunner.input_check import InputCheck
+from jobrunner.input_scan import (  # noqa: F401  (scan_ids: callers)
+    Scan,
+    metadata_rows,
+    scan_ids,
+    scan_input,
+)
+from jobrunner.io.fs import is_remote
 from jobrunner.io.identity import (
     ROWS_FILE,
     FileChanges,
@@ -59,7 +66,21 @@ def job_fingerprint(parts: dict) -> dict:
 
 @contextlib.contextmanager
 def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, IdSet, int]]:
-    """Yields (manifest, ids already terminal, input rows). Holds the run lock meanwhile."""
+    """Yields (manifest, ids already terminal, input rows), the input wholly checked. Holds the
+    run lock meanwhile."""
+    with start_run(rundir, cfg, opts) as (manifest, committed, total, check):
+        check.wait()
+        yield manifest, committed, total
+
+
+@contextlib.contextmanager
+def start_run(
+    rundir: RunDir, cfg: JobConfig, opts
+) -> Iterator[tuple[Manifest, IdSet, int, InputCheck]]:
+    """open_run, yielding before the whole-input pass where the run can do without it: a local
+    run directory, every input file Parquet read by the column preparer (its row count is in the
+    footers) and no input change to explain. The pass (duplicate ids, strays, row digests) then
+    runs in the yielded InputCheck, which the run waits for before its first commit."""
     make_run_dir(rundir.path)  # a store run directory's local staging directory
     rundir.check_ours()  # before the lock file: a directory that is not ours gets nothing
     with _lock(rundir):
@@ -69,26 +90,72 @@ def open_run(rundir: RunDir, cfg: JobConfig, opts) -> Iterator[tuple[Manifest, I
         manifest = rundir.prepare()
         parts = job_parts(cfg, manifest.job.get("input"))
         _check_settings(rundir, manifest, parts)
-        rows_file = rundir.path / ROWS_FILE
-        have_rows = bool(manifest.fingerprint) and RowDigests.readable(rows_file)
         changes = _input_changes(manifest, parts)
-        names = [r["path"] for r in parts["input"]]
-        need = changes.paths & set(names) if have_rows else set(names)
-        # Without earlier digests every file's are made: streamed to disk, not kept in memory.
-        with RowDigestFile(rows_file) if not have_rows else contextlib.nullcontext() as sink:
-            scan = scan_input(cfg, need, rows=sink)
-            _check_scan(rundir, manifest, cfg, opts, scan, changes, have_rows)
-            committed = rundir.committed_idset()
-            _check_no_strays(rundir, committed, scan)
+        total = None if changes or is_remote(str(rundir.location)) else metadata_rows(cfg)
+        if total is None:
+            yield (*_checked_now(rundir, cfg, opts, manifest, parts, changes), InputCheck())
+            return
+        if opts.retry_errors:
+            log.info(
+                "--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest)
+            )
+        committed = rundir.committed_idset()
+        rundir.save_manifest(manifest)  # a run's directory from here on, naming no new input
+        check = _later(rundir, cfg, manifest, parts, committed, total)
+        try:
+            yield manifest, committed, total, check.start()
+        finally:
+            check.cancel()
+
+
+def _checked_now(rundir, cfg, opts, manifest: Manifest, parts, changes) -> tuple:
+    """The whole-input pass before the run: (manifest, committed ids, input rows)."""
+    rows_file = rundir.path / ROWS_FILE
+    have_rows = bool(manifest.fingerprint) and RowDigests.readable(rows_file)
+    names = [r["path"] for r in parts["input"]]
+    need = changes.paths & set(names) if have_rows else set(names)
+    # Without earlier digests every file's are made: streamed to disk, not kept in memory.
+    with RowDigestFile(rows_file) if not have_rows else contextlib.nullcontext() as sink:
+        scan = scan_input(cfg, need, rows=sink)
+        _check_scan(rundir, manifest, cfg, opts, scan, changes, have_rows)
+        committed = rundir.committed_idset()
+        _check_no_strays(rundir, committed, scan)
+        if sink is not None:  # before the manifest that names its input
+            sink.commit()
+        elif need or changes:
+            scan.rows.save(rows_file, replacing=need | changes.paths)
+    if need or changes:
+        rundir.keep_side_file(ROWS_FILE)
+    manifest.fingerprint, manifest.job = job_fingerprint(parts), parts
+    rundir.save_manifest(manifest)
+    return manifest, committed, scan.total
+
+
+def _later(rundir, cfg, manifest: Manifest, parts, committed: IdSet, total: int) -> InputCheck:
+    """The pass as an InputCheck: the manifest names this input only once it passed, so a run
+    stopped before (killed, or refused for duplicate ids) leaves the run directory as it was."""
+    rows_file = rundir.path / ROWS_FILE
+    have_rows = bool(manifest.fingerprint) and RowDigests.readable(rows_file)
+    need = set() if have_rows else {r["path"] for r in parts["input"]}
+
+    def scan(stop) -> None:
+        with RowDigestFile(rows_file) if need else contextlib.nullcontext() as sink:
+            found = scan_input(cfg, need, rows=sink, stop=stop, expect_rows=total)
+            if stop.is_set():
+                return
+            if found.duplicates:
+                raise InputDataError(describe_duplicates(found.duplicates))
+            _check_no_strays(rundir, committed, found)
             if sink is not None:  # before the manifest that names its input
                 sink.commit()
-            elif need or changes:
-                scan.rows.save(rows_file, replacing=need | changes.paths)
-        if need or changes:
+
+    def settle() -> None:
+        if need:
             rundir.keep_side_file(ROWS_FILE)
         manifest.fingerprint, manifest.job = job_fingerprint(parts), parts
         rundir.save_manifest(manifest)
-        yield manifest, committed, scan.total
+
+    return InputCheck(scan, settle)
 
 
 def _check_scan(rundir, manifest, cfg, opts, scan: Scan, changes, have_rows: bool) -> None:

@@ -120,6 +120,48 @@ def test_blocks_hold_only_pending_rows_and_bad_ids_become_errors(tmp_path):
     assert sorted(e.code for e in plan.errors) == ["malformed_json", "missing_id"]
 
 
+def parquet_input(path: Path, ids: list, prompts: list[str]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ids, "prompt": prompts}), path, row_group_size=3)
+    return path
+
+
+def no_rows_read_here(monkeypatch) -> None:
+    """In this process (the driver), reading a Parquet row or any row of the input fails."""
+    import jobrunner.executors.ray_blocks as ray_blocks
+    import jobrunner.formats.parquet as parquet
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the driver read input rows")
+
+    monkeypatch.setattr(parquet, "_batch_rows", refused)
+    monkeypatch.setattr(ray_blocks, "read_rows", refused)
+
+
+def test_parquet_blocks_are_file_and_row_ranges_read_by_the_worker(tmp_path, monkeypatch):
+    from jobrunner.executors.ray_blocks import unpack_block
+    from jobrunner.io.ids import IdSet
+
+    ids = [f"r{i}" for i in range(7)] + [None]
+    src = parquet_input(tmp_path / "in.parquet", ids, ["SECRET PROMPT"] * 8)
+    cfg = JobConfig.model_validate({"input": {"path": str(src)}})
+    with monkeypatch.context() as m:
+        no_rows_read_here(m)
+        plan = plan_blocks(cfg, skip_ids=IdSet.of(["r1", "r5"]), block_rows=2)
+    assert all(b"SECRET" not in b["payload"] for b in plan.blocks)  # descriptions, not rows
+    assert (plan.skipped, plan.rows, plan.errors) == (2, 6, [])
+    read = [list(unpack_block(b["payload"])[0]) for b in plan.blocks]  # what a worker reads
+    assert [[r.values["id"] for r in rows] for rows in read] == [
+        ["r0", "r2"],
+        ["r3", "r4"],
+        ["r6", None],  # the worker's Prep makes the bad id its row error
+    ]
+    assert [r.source.row for rows in read for r in rows] == [0, 2, 3, 4, 6, 7]
+    assert all(r.values["prompt"] == "SECRET PROMPT" for rows in read for r in rows)
+
+
 def test_merging_error_fragments_twice_adds_nothing(tmp_path):
     rundir = RunDir(tmp_path, "jsonl")
     m = rundir.prepare()
@@ -294,6 +336,21 @@ def test_ray_run_equals_local_run_and_reports_each_worker(
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert run(job(input_file, out)).status == "nothing_to_do"  # promise 8, no cluster needed
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_parquet_run_is_read_by_the_workers_and_equals_the_local_run(
+    cluster, input_file, local_results, tmp_path, monkeypatch
+):
+    recs = [json.loads(line) for line in input_file.read_text(encoding="utf-8").splitlines()]
+    src = parquet_input(
+        tmp_path / "in.parquet", [r["id"] for r in recs], [r["prompt"] for r in recs]
+    )
+    no_rows_read_here(monkeypatch)  # the workers (other processes) read their blocks
+    out = tmp_path / "run"
+    summary = run(job(src, out))
+    assert summary.rows == {"succeeded": 16, "failed": 1, "skipped": 0}
+    assert results(out) == local_results
+    assert errors(out) == [("q16", "too_long")]
 
 
 @pytest.mark.slow

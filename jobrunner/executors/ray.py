@@ -1,8 +1,9 @@
 """The Ray executor: the same job on every GPU a Ray cluster has (one node or many).
 
 The driver does what the local pipeline does before a model loads (lock, fingerprint, duplicate
-ids, committed ids; see resume.open_run), reads the input with our readers into blocks of
-`ray.block_rows` pending rows, and streams them through a Ray Data actor pool: one BlockWorker
+ids, committed ids; see resume.open_run), cuts the input into blocks of `ray.block_rows`
+pending rows (Parquet: from the id column alone, each block its file and row ranges, which the
+worker reads itself; other formats: rows read with our readers and pickled), and streams them through a Ray Data actor pool: one BlockWorker
 per GPU (`num_gpus=1`), or on a CPU-only cluster `ray.num_workers` workers of
 `ray.cpus_per_worker` cores. Each worker commits its blocks' shards into the run directory
 itself; only the driver writes manifest.json and errors.jsonl (ray_blocks explains the names).
@@ -61,13 +62,14 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
 def _run(run: OpenRun) -> tuple[int, bool]:
     """Every pending block through the pool; (rows committed, stopped). Appends the run record."""
     t0 = time.monotonic()
+    run.ready()  # the driver commits merged errors below: the input is checked first
     cfg, rundir, manifest, landed = run.cfg, run.rundir, run.manifest, Landed()
     if run.opts.restart:
         clear_fragments(rundir)
     tag = next_run_tag(rundir)
     claim_run(rundir, tag)  # from here, workers of an earlier driver can no longer commit
     merge_errors(rundir, manifest, [], fragment_files(rundir))  # a crashed run's leftovers
-    plan = plan_blocks(cfg, rundir.committed_ids(), cfg.ray.block_rows)
+    plan = plan_blocks(cfg, rundir.committed_idset(), cfg.ray.block_rows)
     interrupted = False
     if plan.blocks:
         started = _connect(cfg)

@@ -16,15 +16,22 @@ import json
 import pickle
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from jobrunner.config import JobConfig
-from jobrunner.formats import make_preparer, read_rows
-from jobrunner.io.readers import RawRow
+from jobrunner.formats import input_files, make_preparer, read_rows
+from jobrunner.formats.parquet import read_parquet_ranges
+from jobrunner.input_scan import metadata_rows
+from jobrunner.io.identity import input_root
+from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches
+from jobrunner.io.readers import Item, RawRow
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.writers import write_text_atomic
+from jobrunner.prep.prepare import derived_name
 from jobrunner.types import RowError, RowRef
 
 FRAGMENTS_DIR = "ray-errors"
@@ -34,7 +41,8 @@ _TAG = re.compile(r"part-r(\d+)-b(\d+)\.")
 
 @dataclass
 class Plan:
-    """What the driver hands to Ray: pickled blocks of rows, plus what it settled itself."""
+    """What the driver hands to Ray: blocks (a Parquet block names its file and row ranges, the
+    worker reads them; other formats' blocks hold their pickled rows), plus what it settled."""
 
     blocks: list[dict] = field(default_factory=list)  # {"block": k, "payload": bytes}
     errors: list[RowError] = field(default_factory=list)  # unreadable rows, bad ids
@@ -42,8 +50,14 @@ class Plan:
     rows: int = 0  # rows in blocks
 
 
-def plan_blocks(cfg: JobConfig, skip_ids: set[str], block_rows: int) -> Plan:
-    """Read the input once (our readers, our id rules); pending rows go in blocks of block_rows."""
+def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> Plan:
+    """Pending rows in blocks of block_rows. Parquet read by the column preparer: from the id
+    column alone (vectorized, no row in the driver), each block its file and row ranges; other
+    inputs: read once here (our readers, our id rules), their rows pickled into the blocks."""
+    if metadata_rows(cfg) is not None:
+        return _described(
+            cfg, skip_ids if isinstance(skip_ids, IdSet) else IdSet.of(skip_ids), block_rows
+        )
     preparer = make_preparer(cfg, tokenizer=None)
     plan, cur = Plan(), []
     for item in read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows):
@@ -62,6 +76,44 @@ def plan_blocks(cfg: JobConfig, skip_ids: set[str], block_rows: int) -> Plan:
     return plan
 
 
+def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:
+    """Blocks of Parquet rows as (file, ranges): rows whose id is committed are left out; a row
+    whose id is invalid stays in, and its worker reports it (as the local run's Prep does)."""
+    import pyarrow.compute as pc
+
+    plan, root = Plan(), input_root(cfg.input.path)
+    for file in input_files(cfg.input.path):
+        name, cur = derived_name(file, root), []
+        for first, batch in iter_id_batches(file, "parquet", cfg.input.id_column):
+            ids = batch_ids(batch, name, first, cfg.input.id_column)
+            known = pc.is_valid(ids).to_numpy(zero_copy_only=False)
+            done_rows = np.zeros(batch.num_rows, bool)
+            if known.any():
+                done_rows[known] = done.contains_hashes(hash_ids(pc.drop_null(ids)))
+            pending = np.flatnonzero(~done_rows) + first
+            plan.skipped += batch.num_rows - len(pending)
+            cur.append(pending)
+            while sum(map(len, cur)) >= block_rows:
+                rows = np.concatenate(cur)
+                _add_ranges(plan, file, rows[:block_rows])
+                cur = [rows[block_rows:]]
+        rows = np.concatenate(cur) if cur else np.empty(0, np.int64)
+        if len(rows):
+            _add_ranges(plan, file, rows)
+    return plan
+
+
+def _add_ranges(plan: Plan, file: str, rows: np.ndarray) -> None:
+    """A block of these (sorted) rows of `file`, as [start, stop) runs of consecutive rows."""
+    cut = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = rows[np.concatenate([[0], cut])]
+    stops = rows[np.concatenate([cut - 1, [len(rows) - 1]])] + 1
+    ranges = [(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
+    payload = pickle.dumps({"file": file, "ranges": ranges})
+    plan.blocks.append({"block": len(plan.blocks), "payload": payload})
+    plan.rows += len(rows)
+
+
 def _add_block(plan: Plan, rows: list[RawRow], preparer) -> None:
     # Whether a file carries ids is decided by its first row; a block starting mid-file must
     # decide as the driver did, so the driver's answers travel with the block.
@@ -72,8 +124,12 @@ def _add_block(plan: Plan, rows: list[RawRow], preparer) -> None:
     plan.rows += len(rows)
 
 
-def unpack_block(payload: bytes) -> tuple[list[RawRow], dict[str, bool]]:
+def unpack_block(payload: bytes, batch_rows: int = 1024) -> tuple[Iterable[Item], dict[str, bool]]:
+    """A block's rows (read from its file when the block names ranges) and the driver's
+    answers on which files carry ids (none for Parquet: its schema says)."""
     data = pickle.loads(payload)
+    if "ranges" in data:
+        return read_parquet_ranges(data["file"], data["ranges"], batch_rows), {}
     return data["rows"], data["file_has_ids"]
 
 

@@ -98,7 +98,7 @@ class BlockWorker:
         shard = shard_path(self.rundir, self.tag, block)
         if shard.exists():  # committed by a worker that died before reporting it
             return self._meta(block, shard, len(read_ids(shard)), None, 0.0, [])
-        rows, has_ids = unpack_block(payload)
+        rows, has_ids = unpack_block(payload, self.cfg.input.batch_rows)
         self.prep.preparer.adopt_file_ids(has_ids)  # decide ids exactly as the driver did
         results: list[Result] = []
         for r in self.engine.generate(self.prep.requests(rows)):

@@ -50,6 +50,30 @@ def _batch_rows(batch: Any, file: str, first: int) -> Iterator[Item]:
             yield RowError("bad_value", f"{ref}: a value does not convert: {e}", ref)
 
 
+def read_parquet_ranges(
+    file: str, ranges: list[tuple[int, int]], batch_rows: int
+) -> Iterator[Item]:
+    """The rows [start, stop) of each range, reading only the row groups that hold them; rows
+    are named as read_parquet names them (a Ray block: its file and row ranges)."""
+    import numpy as np
+
+    pf = open_parquet(file)
+    md = pf.metadata
+    bounds = np.cumsum([0, *(md.row_group(g).num_rows for g in range(md.num_row_groups))])
+    for start, stop in ranges:
+        first_group = int(np.searchsorted(bounds, start, "right")) - 1
+        last_group = int(np.searchsorted(bounds, stop, "left"))
+        first = int(bounds[first_group])
+        groups = list(range(first_group, last_group))
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
+            lo, hi = max(start - first, 0), min(stop - first, batch.num_rows)
+            if lo < hi:
+                yield from _batch_rows(batch.slice(lo, hi - lo), file, first + lo)
+            first += batch.num_rows
+            if first >= stop:
+                break
+
+
 def open_parquet(file: str) -> Any:
     """A Parquet file, a local path or a store URL."""
     import pyarrow.parquet as pq
