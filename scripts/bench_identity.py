@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from jobrunner.config import JobConfig
+from jobrunner.formats import input_files
+from jobrunner.input_scan import scan_input
 from jobrunner.io.identity import file_records, input_root
-from jobrunner.io.readers import input_files
-from jobrunner.resume import scan_input
 
 
 def main() -> None:
