@@ -62,6 +62,21 @@ def test_bias_gelu_equals_torch_exact_gelu():
     assert (x.double() - want).abs().max() < 1e-5
 
 
+@needs_kernels
+def test_residual_layer_norm_equals_torch_layer_norm_in_place():
+    torch.manual_seed(0)
+    y, h = torch.randn(29, 384) * 3, torch.randn(29, 384)
+    bias = torch.randn(384)
+    norm = torch.nn.LayerNorm(384, eps=1e-12)
+    torch.nn.init.normal_(norm.weight), torch.nn.init.normal_(norm.bias)
+    with torch.no_grad():
+        want = F.layer_norm(
+            (y + bias + h).double(), (384,), norm.weight.double(), norm.bias.double(), 1e-12
+        )
+        assert native.residual_layer_norm_(y, bias, h, norm)
+    assert (h.double() - want).abs().max() < 1e-5
+
+
 @pytest.fixture(scope="module")
 def minilm():
     return load_model(ModelConfig(source="all-minilm-l6-v2", dtype="float32"))

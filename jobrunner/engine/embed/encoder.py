@@ -49,7 +49,7 @@ class PackedBert:
             self.qkv.append((w, b))
         # the native layer fuses exact GELU; other activations keep the HF modules' path
         self.native = getattr(cfg, "hidden_act", None) == "gelu" and native.shapes_supported(
-            self.head_dim, cfg.intermediate_size
+            self.head_dim, cfg.hidden_size, cfg.intermediate_size
         )
 
     @torch.inference_mode()
@@ -66,8 +66,9 @@ class PackedBert:
         h = e.LayerNorm(h + e.position_embeddings(pos))
         if self.native and native.supported(h):
             offsets = torch.tensor([0, *lens]).cumsum(0)  # (B + 1,)
+            work = self._workspace(h.shape[0])
             for layer, (w, b) in zip(self.hf.encoder.layer, self.qkv, strict=True):
-                h = self._native_layer(h, layer, w, b, offsets)
+                h = self._native_layer(h, layer, w, b, offsets, work)
             return h
         runs = length_runs(lens)
         for layer, (w, b) in zip(self.hf.encoder.layer, self.qkv, strict=True):
@@ -79,17 +80,40 @@ class PackedBert:
             h = out.LayerNorm(out.dense(inter.intermediate_act_fn(inter.dense(h))) + h)
         return h
 
-    def _native_layer(self, h, layer, w, b, offsets: torch.Tensor) -> torch.Tensor:  # (T, D)
-        """One BertLayer, float32 on CPU: every bias rides in a kernel or in the residual the
-        GEMM accumulates into (addmm_ with beta 1), so no bias is copied into an output."""
-        ctx = native.varlen_attention(h @ w.t(), b, offsets, self.num_heads, self.head_dim)
+    def _workspace(self, num_tokens: int) -> dict[str, torch.Tensor]:
+        """The batch's q/k/v, context, GEMM output and intermediate rows, reused by every
+        layer: tensors this large are fresh mmaps (page faults) each time malloc hands them out."""
+        cfg = self.hf.config
+        d = cfg.hidden_size
+        return {
+            "qkv": torch.empty(num_tokens, 3 * d),
+            "ctx": torch.empty(num_tokens, d),
+            "dense": torch.empty(num_tokens, d),
+            "up": torch.empty(num_tokens, cfg.intermediate_size),
+        }
+
+    def _native_layer(self, h, layer, w, b, offsets, work) -> torch.Tensor:  # (T, D)
+        """One BertLayer, float32 on CPU, in h's rows: four GEMMs without their biases, each
+        bias added by the kernel that reads the GEMM's output (attention, GELU, residual +
+        LayerNorm)."""
+        qkv = torch.mm(h, w.t(), out=work["qkv"])  # (T, 3D)
+        nh, hd = self.num_heads, self.head_dim
+        ctx = native.varlen_attention(qkv, b, offsets, nh, hd, out=work["ctx"])
         att = layer.attention.output
-        h = att.LayerNorm((h + att.dense.bias).addmm_(ctx, att.dense.weight.t()))
-        up = h @ layer.intermediate.dense.weight.t()  # (T, 4D) before its bias
+        y = torch.mm(ctx, att.dense.weight.t(), out=work["dense"])
+        h = self._residual_norm(y, att.dense.bias, h, att.LayerNorm)
+        up = torch.mm(h, layer.intermediate.dense.weight.t(), out=work["up"])  # (T, 4D)
         if not native.bias_gelu_(up, layer.intermediate.dense.bias):
             up = F.gelu(up + layer.intermediate.dense.bias)
         out = layer.output
-        return out.LayerNorm((h + out.dense.bias).addmm_(up, out.dense.weight.t()))
+        y = torch.mm(up, out.dense.weight.t(), out=work["dense"])
+        return self._residual_norm(y, out.dense.bias, h, out.LayerNorm)
+
+    @staticmethod
+    def _residual_norm(y, bias, h, norm) -> torch.Tensor:
+        if native.residual_layer_norm_(y, bias, h, norm):
+            return h
+        return norm(y + bias + h)
 
     def _attend(self, qkv: torch.Tensor, runs: list[tuple[int, int, int]]) -> torch.Tensor:
         nh, hd = self.num_heads, self.head_dim

@@ -1,4 +1,5 @@
-"""The encoder's native CPU kernels (csrc/: varlen attention, bias + GELU), compiled with the system C compiler
+"""The encoder's native CPU kernels (csrc/: varlen attention, bias + GELU, residual + LayerNorm),
+compiled with the system C compiler
 at first use, as engine/paged/cpu_kernels.py builds its own (a separate library: the two evolve
 apart). Loaded after torch and built with -fopenmp, it runs on torch's libgomp thread pool. The
 shared object is cached under $JOBRUNNER_CACHE/kernels, keyed by the source, the compiler and
@@ -44,6 +45,8 @@ def load() -> ctypes.CDLL | None:
     lib.varlen_attention.argtypes = [_ptr] * 3 + [_i64] * 3 + [ctypes.c_float, _ptr, ctypes.c_int]
     lib.bias_gelu.restype = ctypes.c_int
     lib.bias_gelu.argtypes = [_ptr, _ptr, _i64, _i64, ctypes.c_int]
+    lib.residual_layer_norm.restype = ctypes.c_int
+    lib.residual_layer_norm.argtypes = [_ptr] * 5 + [ctypes.c_float, _ptr, _i64, _i64, ctypes.c_int]
     return lib
 
 
@@ -81,9 +84,10 @@ def cpu_flags() -> bytes:
     return platform.processor().encode() + platform.machine().encode()
 
 
-def shapes_supported(head_dim: int, intermediate_size: int) -> bool:
+def shapes_supported(head_dim: int, hidden_size: int, intermediate_size: int) -> bool:
     """Whether an encoder of these sizes runs on the kernels (AVX2 + FMA, 8-float vectors)."""
-    return head_dim % 8 == 0 and head_dim <= 128 and intermediate_size % 8 == 0 and usable()
+    sizes_ok = head_dim <= 128 and hidden_size <= 4096
+    return sizes_ok and not (head_dim % 8 or hidden_size % 8 or intermediate_size % 8) and usable()
 
 
 @functools.cache
@@ -105,19 +109,25 @@ def supported(x: torch.Tensor) -> bool:
 
 
 def varlen_attention(
-    qkv: torch.Tensor, bias: torch.Tensor, offsets: torch.Tensor, num_heads: int, head_dim: int
+    qkv: torch.Tensor,
+    bias: torch.Tensor,
+    offsets: torch.Tensor,
+    num_heads: int,
+    head_dim: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Bidirectional attention of each packed sequence over itself.
 
     qkv: (T, 3 nh hd) float32 CPU, contiguous: q, k, v of each token side by side, before
     `bias` (3 nh hd,) is added; offsets: (B + 1,) int64 token offsets of the sequences.
-    Returns the context (T, nh hd), or None when the kernel cannot run here (the caller keeps
-    its torch path)."""
+    Returns the context (T, nh hd), in `out` when given (contiguous float32), or None when the
+    kernel cannot run here (the caller keeps its torch path)."""
     if not supported(qkv):
         return None
     qkv, bias = qkv.contiguous(), bias.contiguous()  # held: the kernel reads their memory
     offsets = offsets.to(torch.int64).contiguous()
-    out = torch.empty(qkv.shape[0], num_heads * head_dim, dtype=qkv.dtype)
+    if out is None:
+        out = torch.empty(qkv.shape[0], num_heads * head_dim, dtype=qkv.dtype)
     rc = load().varlen_attention(
         qkv.data_ptr(),
         bias.data_ptr(),
@@ -139,3 +149,23 @@ def bias_gelu_(x: torch.Tensor, bias: torch.Tensor) -> bool:
         return False
     rows, cols = x.shape
     return load().bias_gelu(x.data_ptr(), bias.data_ptr(), rows, cols, torch.get_num_threads()) == 0
+
+
+def residual_layer_norm_(
+    y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, norm: torch.nn.LayerNorm
+) -> bool:
+    """residual = norm(y + bias + residual) in place, all (rows, D) contiguous float32 CPU.
+    False when the kernel cannot run here (nothing written)."""
+    tensors = (y, bias, residual, norm.weight, norm.bias)
+    if not (supported(y) and all(t.is_contiguous() for t in tensors)):
+        return False
+    rows, d = y.shape
+    rc = load().residual_layer_norm(
+        *(t.data_ptr() for t in tensors),
+        norm.eps,
+        residual.data_ptr(),
+        rows,
+        d,
+        torch.get_num_threads(),
+    )
+    return rc == 0

@@ -12,9 +12,7 @@ def pool(hidden: torch.Tensor, lens: list[int], mode: str) -> torch.Tensor:
         return hidden[ends - torch.tensor(lens, device=hidden.device)].float()
     if mode == "last":
         return hidden[ends - 1].float()
-    seg = torch.repeat_interleave(
-        torch.arange(len(lens), device=hidden.device), ends.diff(prepend=ends.new_zeros(1))
-    )
-    sums = hidden.new_zeros(len(lens), hidden.shape[1], dtype=torch.float32)
-    sums.index_add_(0, seg, hidden.float())
-    return sums / torch.tensor(lens, device=hidden.device, dtype=torch.float32)[:, None]
+    # each sequence is one bag of consecutive rows: embedding_bag's mean, one pass, no scatter
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    starts = ends - torch.tensor(lens, device=hidden.device)
+    return torch.nn.functional.embedding_bag(rows, hidden.float(), starts, mode="mean")
