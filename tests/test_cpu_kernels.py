@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -146,12 +148,42 @@ def test_a_failed_build_falls_back_with_a_reason(monkeypatch, tmp_path, caplog):
         cpu_kernels.load.cache_clear()
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 compiler flags")
+def test_a_build_without_vector_instructions_keeps_the_torch_paths(monkeypatch, tmp_path, caplog):
+    """The plain C build (what aarch64 or an x86 CPU without AVX2 gets): it says so, the few-row
+    linears and prefill attention stay in torch, and its decode attention is still right."""
+    cc = tmp_path / "cc-scalar"
+    cc.write_text('#!/bin/sh\nexec cc "$@" -mno-avx2 -mno-avx512f\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("JOBRUNNER_CACHE", str(tmp_path))
+    cpu_kernels.load.cache_clear()
+    try:
+        with caplog.at_level("INFO"):
+            assert cpu_kernels.load() is not None
+        assert cpu_kernels.isa() == "scalar"
+        assert cpu_kernels.TORCH_WITHOUT_VECTORS in caplog.text
+        assert not cpu_kernels.gemm_supported()
+        assert not cpu_kernels.prefill_supported(9, 3, 64)
+        g = torch.Generator().manual_seed(7)
+        lens = torch.tensor([1, 9, 40])
+        k_cache, v_cache = torch.randn(2, 2, 9, 16, 64, generator=g)  # (nkv 2, 9 blocks)
+        tables = torch.arange(9).view(3, 3)
+        q = torch.randn(3, 6, 64, generator=g)
+        got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
+        want = reference_decode(q, k_cache, v_cache, tables, lens, 0.125)
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load.cache_clear()
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["kernel", "onednn"])
 def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight(native, monkeypatch):
     from jobrunner.engine.paged.small_linear import SmallRowLinear
 
     if native and not cpu_kernels.gemm_supported():
-        pytest.skip("no AVX-512 kernel on this CPU")
+        pytest.skip("no vector kernel (AVX-512 or AVX2) on this CPU")
     if not native and not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN")
     monkeypatch.setattr(cpu_kernels, "gemm_supported", lambda: native)
@@ -168,15 +200,16 @@ def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight(native, monk
     torch.testing.assert_close(lin(x, w2, None), torch.nn.functional.linear(x, w2))
 
 
-@pytest.mark.skipif(not cpu_kernels.gemm_supported(), reason="no AVX-512 kernel on this CPU")
-@pytest.mark.parametrize("n,k", [(100, 70), (32, 576), (17, 1), (1, 33)])
+@pytest.mark.skipif(not cpu_kernels.gemm_supported(), reason="no vector kernel on this CPU")
+@pytest.mark.parametrize("n,k", [(100, 70), (32, 576), (17, 1), (1, 33), (24, 9), (8, 16)])
 def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):
-    """Row counts around the 14-row blocks, output widths off the 32-column panels, and an input
-    read through a row stride (the gate half of a fused gate/up projection)."""
+    """Row counts around the row blocks (14 rows with AVX-512, 6 with AVX2), output widths off
+    the panels (32 or 16 columns) and off a vector (16 or 8), and an input read through a row
+    stride (the gate half of a fused gate/up projection)."""
     g = torch.Generator().manual_seed(4)
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     packed = cpu_kernels.pack_gemm_weight(w)
-    for rows in (1, 13, 14, 15, 29, 52, 256):
+    for rows in (1, 5, 6, 7, 13, 14, 15, 29, 52, 256):
         wide = torch.randn(rows, 2 * k, generator=g)
         x = wide[:, :k]  # strided rows
         for bias in (b, None):

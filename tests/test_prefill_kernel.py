@@ -9,12 +9,26 @@ from attention_ref import reference_prefill
 from jobrunner.engine.paged import cpu_kernels
 
 pytestmark = pytest.mark.skipif(
-    not cpu_kernels.prefill_supported(9, 3, 64), reason="no AVX-512 prefill kernel on this CPU"
+    not cpu_kernels.prefill_supported(9, 3, 64),
+    reason="no vector prefill kernel (AVX-512 or AVX2) on this CPU",
 )
 
-# (cached positions before the chunk, chunk length): one token, tile edges (16 query tokens),
+# (cached positions before the chunk, chunk length): one token, tile edges (16 query tokens
+# with AVX-512, 8 with AVX2),
 # key spans of 64 and their tails, chunks behind cached context, one token behind a long one
-CHUNKS = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 130), (37, 50), (64, 64), (200, 1), (130, 300)]
+CHUNKS = [
+    (0, 1),
+    (0, 8),
+    (5, 9),
+    (0, 15),
+    (0, 16),
+    (0, 17),
+    (0, 130),
+    (37, 50),
+    (64, 64),
+    (200, 1),
+    (130, 300),
+]
 
 
 def caches(nkv, num_blocks, bs, hd, dtype, g):

@@ -6,7 +6,10 @@ runs on torch's thread pool (no second pool fighting it for the cores). The
 shared object is cached under ~/.cache/jobrunner/kernels ($JOBRUNNER_CACHE/kernels), keyed
 by the source, the compiler and this CPU's flags (`-march=native` code must not run on another
 CPU). Without a compiler, or with JOBRUNNER_CPU_KERNELS=0, `load()` returns None and callers use
-their torch path; the reason is logged once.
+their torch path; the reason is logged once. The kernels have AVX-512 and AVX2 (+FMA, F16C)
+vector paths (csrc/isa.h); on other ISAs (aarch64, x86 without AVX2) the build has only plain C:
+decode attention, the norms and RoPE run it, while the few-row linears and prefill attention
+keep their torch paths; `isa()` says which, and the load logs it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from jobrunner.engine.resolve import writable_cache_dir
 log = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
+TORCH_WITHOUT_VECTORS = "few-row linears (oneDNN) and prefill attention (SDPA) run in torch"
 HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 QUANTIZED = {"int8": 3, "fp8": 4}  # codes + a float16 scale per row (engine/quant/kv.py)
@@ -67,7 +71,22 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_fast.argtypes = []
     lib.small_gemm.restype = None
     lib.small_gemm.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
+    lib.small_gemm_panel.restype = ctypes.c_int
+    lib.small_gemm_panel.argtypes = []
+    lib.kernel_isa.restype = ctypes.c_char_p
+    lib.kernel_isa.argtypes = []
+    isa_name = lib.kernel_isa().decode()
+    if isa_name == "scalar":
+        log.info("CPU kernels built without AVX2 or AVX-512 (plain C): %s", TORCH_WITHOUT_VECTORS)
+    else:
+        log.info("CPU kernels built for %s", isa_name)
     return lib
+
+
+def isa() -> str | None:
+    """The vector path the kernels were built with: avx512, avx2 or scalar; None: not built."""
+    lib = load()
+    return None if lib is None else lib.kernel_isa().decode()
 
 
 def _build() -> Path:
@@ -257,22 +276,21 @@ def rope_(
     return x
 
 
-GEMM_PANEL = 32  # output columns per packed weight panel (csrc/small_gemm.c)
-
-
 def gemm_supported() -> bool:
-    """Whether the few-row linear kernel has its vector path on this CPU (AVX-512)."""
+    """Whether the few-row linear kernel has its vector path on this CPU (AVX-512 or AVX2)."""
     lib = load()
     return lib is not None and lib.small_gemm_fast() == 1
 
 
 def pack_gemm_weight(w: torch.Tensor) -> torch.Tensor:
-    """(N, K) float32 -> (ceil(N/32), K, 32) panels, the extra columns zero."""
+    """(N, K) float32 -> (ceil(N/P), K, P) panels, the extra columns zero; P is the build's
+    panel width (32 columns with AVX-512, 16 with AVX2: csrc/small_gemm.c)."""
     n, k = w.shape
-    panels = -(-n // GEMM_PANEL)
-    padded = w.new_zeros(panels * GEMM_PANEL, k)
+    width = load().small_gemm_panel()
+    panels = -(-n // width)
+    padded = w.new_zeros(panels * width, k)
     padded[:n] = w
-    return padded.view(panels, GEMM_PANEL, k).transpose(1, 2).contiguous()
+    return padded.view(panels, width, k).transpose(1, 2).contiguous()
 
 
 def small_gemm(

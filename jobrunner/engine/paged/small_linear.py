@@ -12,8 +12,8 @@ from jobrunner.engine.paged import cpu_kernels
 
 class SmallRowLinear:
     """Linear layers for steps of up to MAX_ROWS rows (decode, short prefill chunks) on CPU,
-    float32, weights packed once: our AVX-512 kernel (csrc/small_gemm.c) where it builds, else
-    oneDNN's prepacked linear. On SmolLM2's layer shapes (2 cores, 30 distinct layers, so the
+    float32, weights packed once: our AVX-512 or AVX2 kernel (csrc/small_gemm.c) where it builds,
+    else oneDNN's prepacked linear. On SmolLM2's layer shapes (2 cores, 30 distinct layers, so the
     weights come from memory as in a real step, plus the lm_head), a step of 52 rows takes 50 ms
     with the kernel and 76 ms with MKL's F.linear; 16 rows 27 against 48 ms. The kernel makes
     about 310 GFLOP/s from 128 to 384 rows against MKL's 244 to 282, 305 against 294 at 512

@@ -16,7 +16,7 @@
 
 #define PARALLEL_ROWS 16 /* fewer rows than this run on one thread (a decode step's norm: ~2 us) */
 
-#ifdef __AVX512F__
+#if defined(JR_AVX512)
 
 static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
     __m512 acc = _mm512_setzero_ps();
@@ -53,6 +53,51 @@ static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
     const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
     const __m512 r = silu_mul16(_mm512_maskz_loadu_ps(tail, g + i), _mm512_maskz_loadu_ps(tail, u + i));
     _mm512_mask_storeu_ps(y + i, tail, r);
+}
+
+#elif defined(JR_AVX2)
+
+static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(); /* two chains: FMA latency */
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        acc0 = _mm256_fmadd_ps(v0, v0, acc0);
+        acc1 = _mm256_fmadd_ps(v1, v1, acc1);
+    }
+    for (; i + 8 <= D; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        acc0 = _mm256_fmadd_ps(v, v, acc0);
+    }
+    const __m256i tail = tail_mask8(D - i);
+    const __m256 vt = _mm256_maskload_ps(x + i, tail);
+    acc0 = _mm256_fmadd_ps(vt, vt, _mm256_add_ps(acc0, acc1));
+    const float inv = 1.0f / sqrtf(hadd8(acc0) / (float)D + eps);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= D; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv),
+                                              _mm256_loadu_ps(w + i)));
+    const __m256 xt = _mm256_mul_ps(_mm256_maskload_ps(x + i, tail), vinv);
+    _mm256_maskstore_ps(y + i, tail, _mm256_mul_ps(xt, _mm256_maskload_ps(w + i, tail)));
+}
+
+static inline __m256 silu_mul8(__m256 g, __m256 u) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    const __m256 abs_g = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), g);
+    const __m256 e = exp_neg8(_mm256_sub_ps(zero, abs_g));
+    const __m256 neg = _mm256_cmp_ps(g, zero, _CMP_LT_OQ);
+    const __m256 num = _mm256_blendv_ps(one, e, neg); /* g < 0: e / (1 + e) */
+    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+    return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+}
+
+static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    const __m256i tail = tail_mask8(n - i);
+    const __m256 r = silu_mul8(_mm256_maskload_ps(g + i, tail), _mm256_maskload_ps(u + i, tail));
+    _mm256_maskstore_ps(y + i, tail, r);
 }
 
 #else

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h"
+
 enum { F32 = 0, BF16 = 1, F16 = 2, I8 = 3, FP8 = 4 }; /* cpu_kernels.DTYPES, QUANTIZED */
 
 static inline int64_t elem_bytes(int dtype) {
@@ -39,8 +41,7 @@ static inline float code_scale(int dtype, const uint16_t *scales, int64_t offset
     return 1.0f;
 }
 
-#ifdef __AVX512F__
-#include <immintrin.h>
+#if defined(JR_AVX512)
 
 /* 16 values at element `offset` of a cache as float32 (quantized: the codes, unscaled; fp8
  * codes come out 2^-8 times their value, see fp8_as_half). */
@@ -58,6 +59,25 @@ static inline __m512 load16(const void *base, int dtype, int64_t offset) {
     if (dtype == BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
     return _mm512_cvtph_ps(half);
+}
+
+#elif defined(JR_AVX2)
+
+/* 8 values at element `offset` of a cache as float32, as load16 reads 16 (F16C converts). */
+static inline __m256 load8(const void *base, int dtype, int64_t offset) {
+    if (dtype == F32) return _mm256_loadu_ps((const float *)base + offset);
+    if (dtype == I8 || dtype == FP8) {
+        const __m128i bytes = _mm_loadl_epi64((const __m128i *)((const uint8_t *)base + offset));
+        if (dtype == I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+        const __m128i b = _mm_cvtepu8_epi16(bytes); /* fp8_as_half, 8 lanes */
+        const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+        const __m128i rest = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
+        return _mm256_cvtph_ps(_mm_or_si128(sign, rest));
+    }
+    const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + offset));
+    if (dtype == BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    return _mm256_cvtph_ps(half);
 }
 
 #endif

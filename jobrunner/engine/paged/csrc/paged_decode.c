@@ -87,29 +87,9 @@ static void softmax_rows(float *scores, int64_t rows, int64_t L) {
     }
 }
 
-#ifdef __AVX512F__
-#include <immintrin.h>
+#if defined(JR_AVX512) || defined(JR_AVX2)
 
 enum { SPAN = 64 }; /* tokens per online-softmax update */
-
-/* d[0..15] -> one vector whose lane t is the sum of d[t]'s lanes (a transpose-and-add tree:
- * 45 shuffles and adds for 16 dot products instead of 16 full reductions). */
-static inline __m512 hsum16(__m512 d[16]) {
-    __m512 s[8], w[4];
-    for (int i = 0; i < 8; i++)
-        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]),
-                             _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        w[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    /* 128-bit lanes of x01: tokens 0-3 (sums over d's lanes 0-1, then 2-3), tokens 4-7 (same) */
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 /* Cache offsets (in elements) of tokens t0..t0+n-1 of one head (one division per call). */
 static inline void span_offsets(const int64_t *table, int64_t bs, int64_t hd, int64_t head_base,
@@ -137,6 +117,29 @@ static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, co
             _mm_prefetch(k + off[tt] * width + 64 * c, _MM_HINT_T0);
             _mm_prefetch(v + off[tt] * width + 64 * c, _MM_HINT_T0);
         }
+}
+
+#endif
+
+#if defined(JR_AVX512)
+
+/* d[0..15] -> one vector whose lane t is the sum of d[t]'s lanes (a transpose-and-add tree:
+ * 45 shuffles and adds for 16 dot products instead of 16 full reductions). */
+static inline __m512 hsum16(__m512 d[16]) {
+    __m512 s[8], w[4];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]),
+                             _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* 128-bit lanes of x01: tokens 0-3 (sums over d's lanes 0-1, then 2-3), tokens 4-7 (same) */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* Scores of G query heads against 16 tokens (the K rows at off[0..15], which must all be valid
@@ -276,6 +279,151 @@ static int item_fast(const Job *J, int64_t r, int64_t h, int64_t after, int fetc
         ITEM_CASE(5, 4) ITEM_CASE(6, 4) ITEM_CASE(7, 4) ITEM_CASE(8, 4)
         ITEM_CASE(1, 8) ITEM_CASE(2, 8) ITEM_CASE(3, 8) ITEM_CASE(4, 8)
         ITEM_CASE(5, 8) ITEM_CASE(6, 8) ITEM_CASE(7, 8) ITEM_CASE(8, 8)
+    }
+    return 0;
+}
+#elif defined(JR_AVX2)
+
+/* d[0..7] -> one vector whose lane t is the sum of d[t]'s lanes (hsum16 for 8 lanes). */
+static inline __m256 hsum8(const __m256 d[8]) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+    /* t0: tokens 0-3 over d's lanes 0-3, then the same over lanes 4-7; t1: tokens 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+/* scores16 with 8 tokens a vector: the K rows at off[0..7] (all valid; lanes past nt -inf). */
+static inline __attribute__((always_inline)) void scores8(const Job *J, const float *q,
+                                                          const int64_t *off, int64_t nt,
+                                                          float *kbuf, float *s, const int G,
+                                                          const int C) {
+    const int64_t hd = 8 * C;
+    const float *krow[8];
+    for (int tt = 0; tt < 8; tt++) {
+        if (J->dtype == F32) {
+            krow[tt] = (const float *)J->k + off[tt];
+            continue;
+        }
+        const __m256 f = _mm256_set1_ps(code_scale(J->dtype, J->k_scale, off[tt], J->hd));
+        for (int c = 0; c < C; c++) {
+            const __m256 x = load8(J->k, J->dtype, off[tt] + 8 * c);
+            _mm256_store_ps(kbuf + tt * hd + 8 * c, _mm256_mul_ps(f, x));
+        }
+        krow[tt] = kbuf + tt * hd;
+    }
+    const __m256 live = _mm256_castsi256_ps(tail_mask8(nt));
+    for (int j = 0; j < G; j++) {
+        __m256 d[8]; /* 8 chains, one per token, interleaved over head_dim */
+        const __m256 q0 = _mm256_loadu_ps(q + j * hd);
+        for (int tt = 0; tt < 8; tt++) d[tt] = _mm256_mul_ps(q0, _mm256_loadu_ps(krow[tt]));
+        for (int c = 1; c < C; c++) {
+            const __m256 qc = _mm256_loadu_ps(q + j * hd + 8 * c);
+            for (int tt = 0; tt < 8; tt++)
+                d[tt] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(krow[tt] + 8 * c), d[tt]);
+        }
+        const __m256 sj = _mm256_mul_ps(hsum8(d), _mm256_set1_ps(J->scale));
+        _mm256_store_ps(s + j * SPAN, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sj, live));
+    }
+}
+
+/* item_avx512 with 8-float vectors (head_dim 8 * C), the same spans, online softmax and
+ * prefetches; CB of each head's C output vectors stay in registers while V is read, so that
+ * G * CB accumulators, CB V vectors and a broadcast fit AVX2's 16 registers. */
+static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_t r, int64_t h,
+                                                            int64_t after, int fetched,
+                                                            const int G, const int C) {
+    const int CB = 4 * (G + 1) <= 15 ? 4 : 2 * (G + 1) <= 15 ? 2 : 1;
+    const int64_t hd = 8 * C, L = J->ctx_lens[r], bs = J->bs;
+    const float *q = J->q + (r * J->nh + h * G) * hd;
+    float *o = J->out + (r * J->nh + h * G) * hd;
+    const int64_t *table = J->tables + r * J->table_stride;
+    const int64_t head_base = h * J->num_blocks * bs * hd;
+    float acc[G * 8 * C] __attribute__((aligned(32)));
+    float s[G * SPAN] __attribute__((aligned(32)));
+    float kbuf[8 * 8 * C] __attribute__((aligned(32)));
+    float vf[SPAN], alpha[G], m[G];
+    __m256 sum[G];
+    int64_t off_a[SPAN + 16], off_b[SPAN + 16], *off = off_a, *next = off_b;
+    memset(acc, 0, sizeof(acc));
+    for (int j = 0; j < G; j++) m[j] = -INFINITY, sum[j] = _mm256_setzero_ps();
+    span_offsets(table, bs, hd, head_base, 0, L < SPAN ? L : SPAN, next);
+    for (int64_t t0 = 0; t0 < L; t0 += SPAN) {
+        const int64_t n = L - t0 < SPAN ? L - t0 : SPAN;
+        int64_t *tmp = off;
+        off = next, next = tmp;
+        int64_t nn = L - t0 - SPAN < 0 ? 0 : L - t0 - SPAN < SPAN ? L - t0 - SPAN : SPAN;
+        span_offsets(table, bs, hd, head_base, t0 + SPAN, nn, next);
+        if (nn == 0 && after >= 0) { /* the last span: the next item's first one is fetched */
+            const int64_t r2 = after / J->nkv, h2 = after % J->nkv, L2 = J->ctx_lens[r2];
+            nn = L2 < SPAN ? L2 : SPAN;
+            span_offsets(J->tables + r2 * J->table_stride, bs, hd, h2 * J->num_blocks * bs * hd,
+                         0, nn, next);
+        }
+        for (int64_t tt = n; tt < ((n + 7) & ~7); tt++) off[tt] = off[0]; /* tail: a real row */
+        for (int64_t c0 = 0; c0 < n; c0 += 8) {
+            if (t0 == 0 && !fetched && c0 + 8 < n)
+                prefetch_rows(J, off + c0 + 8, n - c0 - 8 < 8 ? n - c0 - 8 : 8);
+            scores8(J, q, off + c0, n - c0 < 8 ? n - c0 : 8, kbuf, s + c0, G, C);
+        }
+        for (int j = 0; j < G; j++) { /* the online softmax update over this span */
+            __m256 mx = _mm256_load_ps(s + j * SPAN);
+            for (int64_t c0 = 8; c0 < n; c0 += 8)
+                mx = _mm256_max_ps(mx, _mm256_load_ps(s + j * SPAN + c0));
+            const float m_new = fmaxf(m[j], hmax8(mx));
+            const __m256 mv = _mm256_set1_ps(m_new);
+            __m256 e_sum = _mm256_setzero_ps();
+            for (int64_t c0 = 0; c0 < n; c0 += 8) {
+                float *sc = s + j * SPAN + c0; /* scores -> weights in place; -inf lanes -> 0 */
+                const __m256 live = _mm256_castsi256_ps(tail_mask8(n - c0 >= 8 ? 8 : n - c0));
+                const __m256 x = _mm256_sub_ps(_mm256_load_ps(sc), mv);
+                const __m256 e = _mm256_and_ps(live, exp_neg8(x));
+                e_sum = _mm256_add_ps(e_sum, e);
+                _mm256_store_ps(sc, e);
+            }
+            alpha[j] = m[j] == -INFINITY ? 0.0f : exp_neg(m[j] - m_new);
+            sum[j] = _mm256_fmadd_ps(sum[j], _mm256_set1_ps(alpha[j]), e_sum);
+            m[j] = m_new;
+        }
+        for (int64_t tt = 0; tt < n; tt++) vf[tt] = code_scale(J->dtype, J->v_scale, off[tt], hd);
+        for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
+            __m256 a[G][CB];
+            for (int j = 0; j < G; j++)
+                for (int c = 0; c < CB; c++) {
+                    const __m256 prev = _mm256_load_ps(acc + j * hd + 8 * (cb + c));
+                    a[j][c] = _mm256_mul_ps(_mm256_set1_ps(alpha[j]), prev);
+                }
+            for (int64_t tt = 0; tt < n; tt++) {
+                if (cb == 0 && tt < nn) prefetch_rows(J, next + tt, 1); /* the next span */
+                __m256 v[CB];
+                for (int c = 0; c < CB; c++) v[c] = load8(J->v, J->dtype, off[tt] + 8 * (cb + c));
+                for (int j = 0; j < G; j++) {
+                    const __m256 pj = _mm256_set1_ps(s[j * SPAN + tt] * vf[tt]);
+                    for (int c = 0; c < CB; c++) a[j][c] = _mm256_fmadd_ps(pj, v[c], a[j][c]);
+                }
+            }
+            for (int j = 0; j < G; j++)
+                for (int c = 0; c < CB; c++) _mm256_store_ps(acc + j * hd + 8 * (cb + c), a[j][c]);
+        }
+        if (nn > n) prefetch_rows(J, next + n, nn - n); /* a next span longer than this one */
+    }
+    for (int j = 0; j < G; j++) {
+        const __m256 inv = _mm256_set1_ps(1.0f / hadd8(sum[j]));
+        for (int c = 0; c < C; c++)
+            _mm256_storeu_ps(o + j * hd + 8 * c, _mm256_mul_ps(_mm256_load_ps(acc + j * hd + 8 * c), inv));
+    }
+}
+
+#define ITEM_CASE(G, C) \
+    case (G) * 32 + (C): item_avx2(J, r, h, after, fetched, G, C); return 1;
+
+/* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
+static int item_fast(const Job *J, int64_t r, int64_t h, int64_t after, int fetched) {
+    const int64_t g = J->nh / J->nkv;
+    switch (g * 32 + J->hd / 8 * (J->hd % 8 == 0)) {
+        ITEM_CASE(1, 8) ITEM_CASE(2, 8) ITEM_CASE(3, 8) ITEM_CASE(4, 8)
+        ITEM_CASE(5, 8) ITEM_CASE(6, 8) ITEM_CASE(7, 8) ITEM_CASE(8, 8)
+        ITEM_CASE(1, 16) ITEM_CASE(2, 16) ITEM_CASE(3, 16) ITEM_CASE(4, 16)
+        ITEM_CASE(5, 16) ITEM_CASE(6, 16) ITEM_CASE(7, 16) ITEM_CASE(8, 16)
     }
     return 0;
 }

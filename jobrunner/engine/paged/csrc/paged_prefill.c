@@ -15,8 +15,9 @@
  * tokens 8.5 -> 5.2 ms, 2,142 tokens 30 -> 23 ms (205-232 GFLOP/s); bench (a)'s prefill attention
  * 5.1 -> 2.6 s. The score accumulators must be a fixed-size array: as a variable-length one they
  * lived on the stack and the score pass ran at half the speed.
- * Without AVX-512, or a head layout it does not specialise, paged_prefill() returns 2 and the
- * caller keeps its torch path.
+ * With AVX2 a tile is 8 query tokens (one 8-float vector), the rest as above. Without AVX-512
+ * or AVX2, or a head layout it does not specialise, paged_prefill() returns 2 and the caller
+ * keeps its torch path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -37,10 +38,7 @@ typedef struct {
     float *out; /* (n, nh, hd) */
 } Chunk;
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-
-enum { QT = 16, KSPAN = 64 }; /* query tokens per tile; keys per online-softmax update */
+#if defined(JR_AVX512) || defined(JR_AVX2)
 
 /* Cache offsets (in elements) of keys t0..t0+n-1 of one head (one division per call). */
 static inline void key_offsets(const Chunk *J, int64_t head_base, int64_t t0, int64_t n,
@@ -51,6 +49,11 @@ static inline void key_offsets(const Chunk *J, int64_t head_base, int64_t t0, in
         if (++pos == J->bs) pos = 0, blk++;
     }
 }
+#endif
+
+#if defined(JR_AVX512)
+
+enum { QT = 16, KSPAN = 64 }; /* query tokens per tile; keys per online-softmax update */
 
 /* Keys at off[0..nt-1] as float32 rows: in place for a float32 cache, else converted (times
  * their scale) into kbuf. Rows past nt repeat the first (a real row; masked later). */
@@ -219,6 +222,180 @@ static void tile_item(const Chunk *J, int64_t h, int64_t ti) {
     }
 }
 /* clang-format on */
+
+#elif defined(JR_AVX2)
+
+enum { QT = 8, KSPAN = 64 }; /* query tokens per tile; keys per online-softmax update */
+
+/* key_rows with 8-float vectors (head_dim 8 * C). */
+static inline void key_rows8(const Chunk *J, const int64_t *offs, int64_t nt, float *kbuf,
+                             const float **krow, const int C) {
+    const int64_t hd = 8 * C;
+    for (int64_t tt = 0; tt < 16; tt++) {
+        const int64_t off = offs[tt < nt ? tt : 0];
+        if (J->dtype == F32) {
+            krow[tt] = (const float *)J->k + off;
+            continue;
+        }
+        const __m256 f = _mm256_set1_ps(code_scale(J->dtype, J->k_scale, off, hd));
+        for (int c = 0; c < C; c++)
+            _mm256_store_ps(kbuf + tt * hd + 8 * c,
+                            _mm256_mul_ps(f, load8(J->k, J->dtype, off + 8 * c)));
+        krow[tt] = kbuf + tt * hd;
+    }
+}
+
+/* tile_avx512 with 8 query tokens a tile: 8 tokens of one head are one vector. TB keys' scores
+ * for the G heads (TB * G accumulators), the G query vectors and a broadcast fit 16 registers;
+ * the V pass holds 4 query rows x 2 vectors of head_dim. */
+static inline __attribute__((always_inline)) void tile_avx2(const Chunk *J, int64_t h, int64_t ti,
+                                                            const int G, const int C) {
+    const int64_t hd = 8 * C, i0 = ti * QT, qn = J->n - i0 < QT ? J->n - i0 : QT;
+    const int64_t L = J->start + i0 + qn; /* keys the tile's last query sees */
+    const int64_t head_base = h * J->num_blocks * J->bs * hd, ld = J->nh * hd;
+    const int TB = G == 1 ? 8 : G <= 3 ? 4 : G <= 5 ? 2 : 1; /* keys a score block */
+    float qt[8 * C * G * 8] __attribute__((aligned(32))); /* (hd, G, 8 tokens) */
+    float acc[G * 8 * 8 * C] __attribute__((aligned(32))); /* (G, 8 tokens, hd) */
+    float p[KSPAN * G * 8] __attribute__((aligned(32))); /* (key, G, 8 tokens) */
+    float kbuf[16 * 8 * C] __attribute__((aligned(32)));
+    int64_t offs[KSPAN];
+    const float *krow[16];
+    __m256 m[G], sum[G];
+    for (int64_t d = 0; d < hd; d++)
+        for (int j = 0; j < G; j++)
+            for (int64_t qi = 0; qi < QT; qi++)
+                qt[(d * G + j) * 8 + qi] =
+                    qi < qn ? J->q[(i0 + qi) * ld + (h * G + j) * hd + d] : 0.0f;
+    memset(acc, 0, sizeof(acc));
+    for (int j = 0; j < G; j++) m[j] = _mm256_set1_ps(-INFINITY), sum[j] = _mm256_setzero_ps();
+    /* lane qi's position; padding lanes take the last real one (their output is not stored) */
+    __m256i pos = _mm256_add_epi32(_mm256_set1_epi32((int)(J->start + i0)),
+                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    pos = _mm256_min_epi32(pos, _mm256_set1_epi32((int)(L - 1)));
+    const __m256 sc = _mm256_set1_ps(J->scale), neg_inf = _mm256_set1_ps(-INFINITY);
+    for (int64_t s0 = 0; s0 < L; s0 += KSPAN) {
+        const int64_t ns = L - s0 < KSPAN ? L - s0 : KSPAN;
+        key_offsets(J, head_base, s0, ns, offs);
+        for (int64_t c0 = 0; c0 < ns; c0 += 16) { /* scores of 16 keys, TB at a time */
+            const int64_t nt = ns - c0 < 16 ? ns - c0 : 16;
+            key_rows8(J, offs + c0, nt, kbuf, krow, C);
+            for (int64_t b0 = 0; b0 < 16; b0 += TB) {
+                __m256 a[12], qv[8]; /* TB * G <= 12 in registers: the loops are unrolled */
+#pragma GCC unroll 12
+                for (int i = 0; i < TB * G; i++) a[i] = _mm256_setzero_ps();
+                for (int64_t d = 0; d < hd; d++) {
+#pragma GCC unroll 8
+                    for (int j = 0; j < G; j++) qv[j] = _mm256_load_ps(qt + (d * G + j) * 8);
+#pragma GCC unroll 8
+                    for (int b = 0; b < TB; b++) {
+                        const __m256 kb = _mm256_broadcast_ss(krow[b0 + b] + d);
+#pragma GCC unroll 8
+                        for (int j = 0; j < G; j++)
+                            a[b * G + j] = _mm256_fmadd_ps(kb, qv[j], a[b * G + j]);
+                    }
+                }
+#pragma GCC unroll 8
+                for (int b = 0; b < TB; b++) {
+                    const int64_t t = s0 + c0 + b0 + b;
+                    /* causal: lanes whose position is not before key t; keys past L: none */
+                    const __m256 live =
+                        b0 + b < nt ? _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                          pos, _mm256_set1_epi32((int)t - 1)))
+                                    : _mm256_setzero_ps();
+#pragma GCC unroll 8
+                    for (int j = 0; j < G; j++)
+                        _mm256_store_ps(p + ((c0 + b0 + b) * G + j) * 8,
+                                        _mm256_blendv_ps(neg_inf, _mm256_mul_ps(a[b * G + j], sc),
+                                                         live));
+                }
+            }
+        }
+        for (int j = 0; j < G; j++) { /* online softmax, lane-wise over the span's keys */
+            __m256 mx = m[j];
+            for (int64_t t = 0; t < ns; t++)
+                mx = _mm256_max_ps(mx, _mm256_load_ps(p + (t * G + j) * 8));
+            /* every lane sees key 0, so after the first span no lane's max is -inf */
+            const __m256 alpha = exp_neg8(_mm256_sub_ps(m[j], mx));
+            __m256 e_sum = _mm256_setzero_ps();
+            for (int64_t t = 0; t < ns; t++) {
+                float *pt = p + (t * G + j) * 8;
+                const __m256 x = _mm256_load_ps(pt);
+                const __m256 live = _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_OQ);
+                const __m256 e = _mm256_and_ps(live, exp_neg8(_mm256_sub_ps(x, mx)));
+                e_sum = _mm256_add_ps(e_sum, e);
+                _mm256_store_ps(pt, e);
+            }
+            sum[j] = _mm256_fmadd_ps(sum[j], alpha, e_sum);
+            m[j] = mx;
+            float al[8] __attribute__((aligned(32)));
+            _mm256_store_ps(al, alpha);
+            for (int64_t qi = 0; qi < QT; qi++) { /* the outputs rescaled to the new max */
+                const __m256 f = _mm256_set1_ps(al[qi]);
+                float *o = acc + (j * 8 + qi) * hd;
+                for (int c = 0; c < C; c++)
+                    _mm256_store_ps(o + 8 * c, _mm256_mul_ps(f, _mm256_load_ps(o + 8 * c)));
+            }
+        }
+        if (J->dtype == I8 || J->dtype == FP8) /* a V row's scale, folded into its weights */
+            for (int64_t t = 0; t < ns; t++) {
+                const __m256 f = _mm256_set1_ps(code_scale(J->dtype, J->v_scale, offs[t], hd));
+                for (int j = 0; j < G; j++) {
+                    float *pt = p + (t * G + j) * 8;
+                    _mm256_store_ps(pt, _mm256_mul_ps(f, _mm256_load_ps(pt)));
+                }
+            }
+        for (int64_t r0 = 0; r0 < G * 8; r0 += 4) { /* acc += weights x V, 4 rows x 2 vectors */
+            const int j = (int)(r0 / 8);
+            for (int cb = 0; cb < C; cb += 2) {
+                __m256 a[4][2];
+                for (int r = 0; r < 4; r++)
+                    for (int c = 0; c < 2; c++)
+                        a[r][c] = _mm256_load_ps(acc + (r0 + r) * hd + 8 * (cb + c));
+                for (int64_t t = 0; t < ns; t++) {
+                    __m256 v[2];
+                    for (int c = 0; c < 2; c++)
+                        v[c] = load8(J->v, J->dtype, offs[t] + 8 * (cb + c));
+                    const float *pt = p + (t * G + j) * 8 + r0 % 8;
+                    for (int r = 0; r < 4; r++) {
+                        const __m256 w = _mm256_broadcast_ss(pt + r);
+                        for (int c = 0; c < 2; c++) a[r][c] = _mm256_fmadd_ps(w, v[c], a[r][c]);
+                    }
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int c = 0; c < 2; c++)
+                        _mm256_store_ps(acc + (r0 + r) * hd + 8 * (cb + c), a[r][c]);
+            }
+        }
+    }
+    for (int j = 0; j < G; j++) {
+        float inv[8] __attribute__((aligned(32)));
+        _mm256_store_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), sum[j]));
+        for (int64_t qi = 0; qi < qn; qi++) {
+            float *o = J->out + (i0 + qi) * ld + (h * G + j) * hd;
+            const float *a = acc + (j * 8 + qi) * hd;
+            for (int c = 0; c < C; c++)
+                _mm256_storeu_ps(o + 8 * c,
+                                 _mm256_mul_ps(_mm256_set1_ps(inv[qi]), _mm256_load_ps(a + 8 * c)));
+        }
+    }
+}
+
+/* clang-format off */
+#define TILE_CASE(G, C) \
+    case (G) * 32 + (C): tile_avx2(J, h, ti, G, C); return;
+
+static void tile_item(const Chunk *J, int64_t h, int64_t ti) {
+    switch (J->nh / J->nkv * 32 + J->hd / 8) {
+        TILE_CASE(1, 8) TILE_CASE(2, 8) TILE_CASE(3, 8) TILE_CASE(4, 8)
+        TILE_CASE(5, 8) TILE_CASE(6, 8) TILE_CASE(7, 8) TILE_CASE(8, 8)
+        TILE_CASE(1, 16) TILE_CASE(2, 16) TILE_CASE(3, 16) TILE_CASE(4, 16)
+        TILE_CASE(5, 16) TILE_CASE(6, 16) TILE_CASE(7, 16) TILE_CASE(8, 16)
+    }
+}
+/* clang-format on */
+#endif
+
+#if defined(JR_AVX512) || defined(JR_AVX2)
 
 /* 1 when paged_prefill handles this head layout (head_dim 64 or 128, up to 8 query heads per
  * KV head, positions that fit 32 bits). */

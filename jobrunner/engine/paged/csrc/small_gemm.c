@@ -13,15 +13,26 @@
  * Against oneDNN's prepacked linear (SmolLM2 layer shapes, 30 distinct layers, 2 cores), before
  * the shared prefetch: 52 rows 62 -> 46 ms a step, 16 rows 33 -> 24 ms, 256 rows about even.
  *
- * Without AVX-512 small_gemm_fast() returns 0 and callers keep their library path.
+ * With AVX2 (16 vector registers of 8 floats) the same scheme runs on panels of 16 columns and
+ * blocks of up to 6 rows: 12 accumulators, 2 weight vectors and a broadcast. Without either
+ * small_gemm_fast() returns 0 and callers keep their library path. small_gemm_panel() gives
+ * the panel width the packing must use (cpu_kernels.pack_gemm_weight).
  */
 #include <stdint.h>
 
+#include "isa.h"
+
+#if defined(JR_AVX2)
+#define NR 16 /* output columns per panel */
+#define MR 6  /* most rows per block: 12 accumulators + 2 weight vectors + 1 broadcast */
+#else
 #define NR 32 /* output columns per panel */
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
+#endif
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+int small_gemm_panel(void) { return NR; }
+
+#if defined(JR_AVX512)
 
 int small_gemm_fast(void) { return 1; }
 
@@ -75,7 +86,67 @@ static void tile_rows(const float *x, int64_t ldx, int64_t K, const float *w, co
     }
 }
 
-/* x: (M, K) with row stride ldx; w: packed (ceil(N/32), K, 32); bias: (N) or NULL;
+#elif defined(JR_AVX2)
+
+int small_gemm_fast(void) { return 1; }
+
+/* tile() of the AVX-512 path with 8-float vectors: a panel of 16 columns is one 64-byte line
+ * per k, so a block prefetching its share of the next panel takes at most one line per k. */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, int64_t K,
+                                                       const float *w, const char *pf,
+                                                       int64_t bpk, float *y, int64_t ldy,
+                                                       int64_t ncols, const float *bias,
+                                                       const int rows) {
+    __m256 a0[MR], a1[MR];
+#pragma GCC unroll 6
+    for (int m = 0; m < rows; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 w0 = _mm256_loadu_ps(w + k * NR), w1 = _mm256_loadu_ps(w + k * NR + 8);
+        if (pf) _mm_prefetch(pf + ((k * bpk) >> 8), _MM_HINT_T1); /* bpk/256 bytes per k */
+#pragma GCC unroll 6
+        for (int m = 0; m < rows; m++) {
+            const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k);
+            a0[m] = _mm256_fmadd_ps(xb, w0, a0[m]);
+            a1[m] = _mm256_fmadd_ps(xb, w1, a1[m]);
+        }
+    }
+    const __m256i k0 = tail_mask8(ncols >= 8 ? 8 : ncols);
+    const __m256i k1 = tail_mask8(ncols >= 16 ? 8 : ncols <= 8 ? 0 : ncols - 8);
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    if (bias) {
+        b0 = _mm256_maskload_ps(bias, k0);
+        b1 = _mm256_maskload_ps(bias + 8, k1);
+    }
+    if (ncols == NR) {
+#pragma GCC unroll 6
+        for (int m = 0; m < rows; m++) {
+            _mm256_storeu_ps(y + m * ldy, _mm256_add_ps(a0[m], b0));
+            _mm256_storeu_ps(y + m * ldy + 8, _mm256_add_ps(a1[m], b1));
+        }
+        return;
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < rows; m++) {
+        _mm256_maskstore_ps(y + m * ldy, k0, _mm256_add_ps(a0[m], b0));
+        _mm256_maskstore_ps(y + m * ldy + 8, k1, _mm256_add_ps(a1[m], b1));
+    }
+}
+
+static void tile_rows(const float *x, int64_t ldx, int64_t K, const float *w, const char *pf,
+                      int64_t bpk, float *y, int64_t ldy, int64_t ncols, const float *bias,
+                      int rows) {
+    switch (rows) { /* one register-resident specialisation per row count */
+#define TILE(n) \
+    case n: tile(x, ldx, K, w, pf, bpk, y, ldy, ncols, bias, n); break;
+        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+#undef TILE
+    }
+}
+#endif
+
+#if defined(JR_AVX512) || defined(JR_AVX2)
+
+/* x: (M, K) with row stride ldx; w: packed (ceil(N/NR), K, NR); bias: (N) or NULL;
  * y: (M, N) contiguous. */
 void small_gemm(const float *x, int64_t ldx, const float *w, const float *bias, float *y,
                 int64_t M, int64_t N, int64_t K, int threads) {

@@ -1,10 +1,12 @@
-/* e^x for x <= 0, scalar and 16 lanes at a time (AVX-512), shared by the kernels that need it
+/* e^x for x <= 0, scalar and 16 lanes (AVX-512) or 8 lanes (AVX2) at a time, shared by the kernels that need it
  * (softmax in paged_decode.c, the sigmoid in act_norm.c). */
 #ifndef JOBRUNNER_VEXP_H
 #define JOBRUNNER_VEXP_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "isa.h"
 
 /* exp for x <= 0 (softmax after subtracting the max), about 1 ulp: e^x = 2^n e^r with
  * n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts) and e^r by a degree-5 polynomial;
@@ -28,8 +30,7 @@ static inline float exp_neg(float x) {
     return p * scale;
 }
 
-#ifdef __AVX512F__
-#include <immintrin.h>
+#if defined(JR_AVX512)
 
 /* e^x for x <= 0, lane-wise (exp_neg's reduction and polynomial); lanes below -87 give ~1e-38. */
 static inline __m512 exp_neg16(__m512 x) {
@@ -42,6 +43,23 @@ static inline __m512 exp_neg16(__m512 x) {
     for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
+}
+
+#elif defined(JR_AVX2)
+
+/* e^x for x <= 0, lane-wise (exp_neg's reduction and polynomial); lanes below -87 give ~1e-38.
+ * 2^n is built in the exponent field: n >= -126 there, so it is a normal float. */
+static inline __m256 exp_neg8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_POLY[i]));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 #endif

@@ -1,0 +1,347 @@
+"""The native CPU kernels against their rooflines and the torch code they replace, in one run.
+
+At SmolLM2-135M's shapes (hidden 576, 9 query heads on 3 KV heads of 64, MLP 1536, 30 layers):
+  peak     the CPU's float32 peak: cores x clock x vector lanes x 2 FMA units x 2 flops, the
+           clock measured (a chain of dependent adds), the lanes from the kernels' ISA
+  gemm     one step's linears (30 layers' q/k/v, o, gate/up, down on distinct weights, so they
+           come from memory as in a real step) for a few row counts: our kernel against oneDNN's
+           prepacked linear and F.linear; GFLOP/s and weight bytes/s, against a torch sum over
+           the same weight bytes (the memory roofline a reduction reaches)
+  decode   decode attention over a float32 and a float16 cache: our kernel against the torch
+           path (gather + SDPA); cache bytes/s against a torch sum over the same bytes
+  prefill  prefill attention of chunks from position 0: our kernel against torch's flash
+           attention for CPU; GFLOP/s and the share of the peak
+  rows     RMSNorm and SiLU-gated product against torch's ops, bytes/s
+
+On a machine shared with other work, time with --threads 1 (the default): each measurement
+is then the thread's own CPU time, which other processes do not inflate (the peak is per core
+then too). --baseline-lib PATH times another build of csrc/ (e.g. an older commit's) alongside.
+
+    python scripts/bench_kernels.py
+    python scripts/bench_kernels.py --only gemm,decode --baseline-lib /tmp/old.so
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from jobrunner.engine.paged import cpu_kernels
+
+LAYERS, HIDDEN, MLP, VOCAB = 30, 576, 1536, 49152
+NH, NKV, HD = 9, 3, 64
+LANES = {"avx512": 16, "avx2": 8, "scalar": 4}  # float32 lanes a vector (scalar: SSE/NEON)
+
+CLOCK_PROBE = r"""
+#include <stdint.h>
+/* 8 dependent adds an iteration: one cycle each, so cycles = 8 * iterations. */
+int64_t spin(int64_t n) {
+    int64_t x = 0;
+    for (int64_t i = 0; i < n; i++)
+        __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+                         "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+    return x;
+}
+"""
+
+
+class Clock:
+    """Wall time with several threads; with one, the thread's own CPU time (not inflated by
+    other processes sharing the cores)."""
+
+    def __init__(self, threads: int):
+        self.now = time.thread_time if threads == 1 else time.perf_counter
+
+    def best(self, fn, reps: int = 3) -> float:
+        fn()  # warm: packing, first-touch pages, caches
+        times = []
+        for _ in range(reps):
+            t = self.now()
+            fn()
+            times.append(self.now() - t)
+        return min(times)
+
+
+def clock_ghz() -> float | None:
+    """The core clock, measured: None off x86-64 or without a C compiler."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None or os.uname().machine not in ("x86_64", "AMD64"):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src, so = Path(tmp, "probe.c"), Path(tmp, "probe.so")
+        src.write_text(CLOCK_PROBE)
+        subprocess.run([cc, "-O1", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+        spin = ctypes.CDLL(str(so)).spin
+        spin.argtypes, spin.restype = [ctypes.c_int64], ctypes.c_int64
+        n, best = 20_000_000, float("inf")
+        for _ in range(5):
+            t = time.thread_time()
+            spin(n)
+            best = min(best, time.thread_time() - t)
+        return 8 * n / best / 1e9
+
+
+def nominal_ghz() -> float | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return float(line.split(":")[1]) / 1000
+    except OSError:
+        pass
+    return None
+
+
+def peak_flops(cores: int) -> tuple[float, str]:
+    """float32 FLOP/s peak of `cores` cores for the kernels' ISA, and how it was computed."""
+    isa = cpu_kernels.isa() or "scalar"
+    ghz, how = clock_ghz(), "measured"
+    if ghz is None:
+        ghz, how = nominal_ghz() or 2.0, "nominal"
+    lanes = LANES[isa]
+    peak = cores * ghz * 1e9 * lanes * 2 * 2
+    note = (
+        f"{cores} cores x {ghz:.2f} GHz ({how}) x {lanes} lanes ({isa}) x 2 FMA units x 2"
+        f" = {peak / 1e9:.0f} GFLOP/s"
+    )
+    nominal = nominal_ghz()
+    if nominal and how == "measured":
+        note += f" (at the nominal {nominal:.2f} GHz: {peak / ghz * nominal / 1e9:.0f})"
+    return peak, note
+
+
+def reduction_gbs(tensors: list[torch.Tensor], clock: Clock) -> float:
+    """Bytes/s a torch sum reaches over the same bytes: the memory roofline for a kernel that
+    reads them once."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return nbytes / clock.best(lambda: [t.sum() for t in tensors]) / 1e9
+
+
+def bench_gemm(clock: Clock, rows: list[int]) -> None:
+    shapes = [(NH * HD + 2 * NKV * HD, HIDDEN), (HIDDEN, HIDDEN), (2 * MLP, HIDDEN), (HIDDEN, MLP)]
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=g) * 0.02 for _ in range(LAYERS) for n, k in shapes]
+    flops_per_row = 2 * sum(w.numel() for w in weights)
+    wbytes = 4 * sum(w.numel() for w in weights)
+    print(f"\n[gemm] one step's linears ({len(weights)} weights, {wbytes / 1e6:.0f} MB float32)")
+    print(f"  torch sum over the weight bytes: {reduction_gbs(weights, clock):.1f} GB/s")
+    ours = (
+        [cpu_kernels.pack_gemm_weight(w) for w in weights] if cpu_kernels.gemm_supported() else None
+    )
+    onednn = None
+    if torch.backends.mkldnn.is_available():
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+    for m in rows:
+        xs = {k: torch.randn(m, k, generator=g) for k in (HIDDEN, MLP)}
+        paths = {"F.linear": partial(_linears, _f_linear, xs, weights, weights)}
+        if onednn is not None:
+            paths["oneDNN packed"] = partial(_linears, _onednn, xs, weights, onednn)
+        if ours is not None:
+            paths["kernel"] = partial(_linears, _kernel, xs, weights, ours)
+        cells = []
+        for name, fn in paths.items():
+            s = clock.best(fn)
+            cells.append(f"{name} {s * 1e3:6.1f} ms {flops_per_row * m / s / 1e9:5.1f} GF/s")
+            if m <= 16:
+                cells[-1] += f" {wbytes / s / 1e9:5.1f} GB/s"
+        print(f"  {m:4d} rows: " + " | ".join(cells), flush=True)
+
+
+def _linears(linear, xs, weights, packed) -> None:
+    for w, p in zip(weights, packed, strict=True):
+        linear(xs[w.shape[1]], w, p)
+
+
+def _f_linear(x, w, _):
+    return F.linear(x, w)
+
+
+def _onednn(x, _, p):
+    return torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+
+
+def _kernel(x, w, p):
+    return cpu_kernels.small_gemm(x, p, None, w.shape[0])
+
+
+def decode_case(rows: int, ctx: int, dtype: torch.dtype, bs: int = 16):
+    g = torch.Generator().manual_seed(1)
+    nb = -(-ctx // bs)
+    num_blocks = rows * nb
+    k = torch.randn(NKV, num_blocks, bs, HD, generator=g).to(dtype)
+    v = torch.randn(NKV, num_blocks, bs, HD, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g).view(rows, nb)
+    lens = torch.full((rows,), ctx, dtype=torch.int64)
+    q = torch.randn(rows, NH, HD, generator=g)
+    return q, k, v, tables, lens
+
+
+def torch_decode(q, k, v, tables, lens):
+    """The torch path: each row's context gathered, padded to the longest, SDPA (GQA folded)."""
+    from jobrunner.engine.paged.attention import DecodeGroup, _decode
+
+    b = q.shape[0]
+    bs = k.shape[2]
+    mask = torch.arange(tables.shape[1] * bs)[None, :] < lens[:, None]
+    group = DecodeGroup(0, b, tables, lens, mask.view(b, 1, 1, -1))
+    return _decode(q, k, v, group, HD**-0.5)
+
+
+def bench_decode(clock: Clock, baseline) -> None:
+    print("\n[decode] one layer's decode attention, SmolLM2 heads, block size 16")
+    for dtype in (torch.float32, torch.float16):
+        for rows, ctx in ((52, 540), (256, 300), (16, 2000)):
+            q, k, v, tables, lens = decode_case(rows, ctx, dtype)
+            nbytes = 2 * k.numel() * k.element_size()
+            roof = reduction_gbs([k, v], clock)
+            case = (q, k, v, tables, lens)
+            paths = {
+                "torch gather+SDPA": partial(torch_decode, *case),
+                "kernel": partial(cpu_kernels.paged_decode, *case, HD**-0.5),
+            }
+            if baseline is not None:
+                paths["baseline build"] = partial(
+                    _with, baseline, cpu_kernels.paged_decode, *case, HD**-0.5
+                )
+            cells = []
+            for name, fn in paths.items():
+                s = clock.best(fn)
+                cells.append(f"{name} {s * 1e3:6.2f} ms {nbytes / s / 1e9:5.1f} GB/s")
+            name = str(dtype).removeprefix("torch.")
+            print(
+                f"  {name:<8} {rows:3d} rows x {ctx:4d} tokens ({nbytes / 1e6:4.0f} MB,"
+                f" torch sum {roof:5.1f} GB/s): " + " | ".join(cells),
+                flush=True,
+            )
+
+
+def prefill_flops(n: int) -> float:
+    """Causal attention FLOPs of an n-token chunk from position 0 (QK^T and PV, the half of the
+    score matrix a causal kernel computes)."""
+    return 2 * 2 * NH * HD * n * (n + 1) / 2
+
+
+def bench_prefill(clock: Clock, peak: float, baseline) -> None:
+    print("\n[prefill] one layer's prefill attention of a chunk from position 0")
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    for n in (128, 512, 2048):
+        g = torch.Generator().manual_seed(2)
+        bs = 16
+        nb = -(-n // bs)
+        k = torch.randn(NKV, nb, bs, HD, generator=g)
+        v = torch.randn(NKV, nb, bs, HD, generator=g)
+        ids = torch.arange(nb)
+        q = torch.randn(n, NH, HD, generator=g)
+        qt = q.transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
+        kt = k.reshape(NKV, -1, HD)[:, :n].repeat_interleave(NH // NKV, 0).unsqueeze(0)
+        vt = v.reshape(NKV, -1, HD)[:, :n].repeat_interleave(NH // NKV, 0).unsqueeze(0)
+        paths = {"torch flash": partial(flash, qt, kt, vt, 0.0, True, scale=HD**-0.5)}
+        case = (q, k, v, ids, 0, HD**-0.5)
+        if cpu_kernels.prefill_supported(NH, NKV, HD):
+            paths["kernel"] = partial(cpu_kernels.paged_prefill, *case)
+        if baseline is not None and baseline.paged_prefill_supports(NH, NKV, HD):
+            paths["baseline build"] = partial(_with, baseline, cpu_kernels.paged_prefill, *case)
+        cells = []
+        for name, fn in paths.items():
+            s = clock.best(fn)
+            rate = prefill_flops(n) / s
+            cells.append(f"{name} {s * 1e3:7.2f} ms {rate / 1e9:5.1f} GF/s {rate / peak:4.0%}")
+        print(f"  {n:5d} tokens: " + " | ".join(cells), flush=True)
+
+
+def bench_rows(clock: Clock, baseline) -> None:
+    print("\n[rows] RMSNorm (576) and SiLU x up (2 x 1536) over 4096 rows")
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(4096, HIDDEN, generator=g), torch.randn(HIDDEN, generator=g)
+    gu = torch.randn(4096, 2 * MLP, generator=g)
+    gate, up = gu.split(MLP, dim=-1)
+    cases = {
+        "rms_norm": (
+            2 * x.numel() * 4,
+            {
+                "torch": lambda: F.rms_norm(x, (HIDDEN,), w, 1e-5),
+                "kernel": lambda: cpu_kernels.rms_norm(x, w, 1e-5),
+            },
+            lambda: _with(baseline, cpu_kernels.rms_norm, x, w, 1e-5),
+        ),
+        "silu_mul": (
+            (gu.numel() + gate.numel()) * 4,
+            {
+                "torch": lambda: F.silu(gate) * up,
+                "kernel": lambda: cpu_kernels.silu_mul(gu),
+            },
+            lambda: _with(baseline, cpu_kernels.silu_mul, gu),
+        ),
+    }
+    for what, (nbytes, paths, base) in cases.items():
+        if baseline is not None:
+            paths["baseline build"] = base
+        cells = []
+        for name, fn in paths.items():
+            s = clock.best(fn)
+            cells.append(f"{name} {s * 1e3:6.2f} ms {nbytes / s / 1e9:5.1f} GB/s")
+        print(f"  {what}: " + " | ".join(cells), flush=True)
+
+
+def _with(lib, fn, *args):
+    """fn (a cpu_kernels wrapper) run on another build of the kernels."""
+    real = cpu_kernels.load
+    cpu_kernels.load = lambda: lib
+    try:
+        return fn(*args)
+    finally:
+        cpu_kernels.load = real
+
+
+def load_baseline(path: str):
+    """Another build of csrc/ (any commit's): the entry points these benchmarks call."""
+    lib = ctypes.CDLL(path)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.paged_decode.argtypes = [ptr] * 5 + [ctypes.c_int, ptr, i64, ptr]
+    lib.paged_decode.argtypes += [i64] * 6 + [ctypes.c_float, ptr, ctypes.c_int]
+    lib.paged_prefill.argtypes = [ptr] * 5 + [ctypes.c_int, ptr] + [i64] * 7
+    lib.paged_prefill.argtypes += [ctypes.c_float, ptr, ctypes.c_int]
+    lib.paged_prefill_supports.argtypes = [i64] * 3
+    lib.rms_norm.argtypes = [ptr, i64, ptr, ctypes.c_float, ptr, i64, i64, ctypes.c_int]
+    lib.silu_mul.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int]
+    return lib
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", default="peak,gemm,decode,prefill,rows")
+    p.add_argument("--gemm-rows", default="1,16,52,128,256,512,1024")
+    p.add_argument("--baseline-lib", default=None, help="another build of csrc/ to time alongside")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    clock = Clock(args.threads)
+    if cpu_kernels.load() is None:
+        raise SystemExit("the CPU kernels did not build (see the log)")
+    baseline = load_baseline(args.baseline_lib) if args.baseline_lib else None
+    only = set(args.only.split(","))
+    peak, note = peak_flops(args.threads)
+    print(f"kernels: {cpu_kernels.isa()}; threads {args.threads}; peak {note}")
+    if "gemm" in only:
+        bench_gemm(clock, [int(r) for r in args.gemm_rows.split(",")])
+    if "decode" in only:
+        bench_decode(clock, baseline)
+    if "prefill" in only:
+        bench_prefill(clock, peak, baseline)
+    if "rows" in only:
+        bench_rows(clock, baseline)
+
+
+if __name__ == "__main__":
+    main()
