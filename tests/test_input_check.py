@@ -92,3 +92,19 @@ def test_a_run_over_parquet_with_duplicate_ids_commits_nothing_then_runs_once_fi
     assert code == 0 and summary["rows"]["succeeded"] == 3
     ids = [r for f in sorted((out / "results").glob("part-*")) for r in pq.read_table(f)["id"]]
     assert sorted(map(str, ids)) == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("id_column", ["id", None])
+def test_a_resume_reads_only_the_rows_left_a_row_group_at_a_time(tmp_path, id_column):
+    from jobrunner.io.ids import IdSet
+    from jobrunner.prep.fresh import FreshRows
+
+    data = tmp_path / "a.parquet"
+    ids = [f"r{i}" for i in range(7)]
+    pq.write_table(pa.table({"id": ids, "prompt": ids}), data, row_group_size=2)
+    cfg = JobConfig.model_validate({"input": {"path": str(data), "id_column": id_column}})
+    name = (lambda i: f"r{i}") if id_column else (lambda i: f"a.parquet:{i}")
+    fresh = FreshRows(cfg, IdSet.of([name(i) for i in (1, 2, 3, 6)]))
+    rows = list(fresh)
+    assert [(r.values["prompt"], r.source.row) for r in rows] == [("r0", 0), ("r4", 4), ("r5", 5)]
+    assert fresh.skipped == 4

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+SORTED_LOOKUP = 1024  # queries from which contains_hashes sorts them first
 SEED = 0x6A6F6272  # fixed: the same id hashes alike in every batch of this process
 _TEXT_OR_INT = ("string", "large_string", "string_view", "int8", "int16", "int32", "int64")
 _TEXT_OR_INT += ("uint8", "uint16", "uint32", "uint64")
@@ -77,6 +78,16 @@ class IdSet:
     def contains_hashes(self, h: np.ndarray) -> np.ndarray:
         if not len(self.hashes):
             return np.zeros(len(h), bool)
+        if len(h) < SORTED_LOOKUP:
+            return self._found(h)
+        # Sorted queries walk the array in order: several times faster than random probes
+        # when the set is far larger than the cache (a resume past 50M committed ids).
+        order = np.argsort(h)
+        out = np.empty(len(h), bool)
+        out[order] = self._found(h[order])
+        return out
+
+    def _found(self, h: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.hashes, h)
         at[at == len(self.hashes)] = 0
         return self.hashes[at] == h

@@ -13,7 +13,7 @@ import numpy as np
 
 from jobrunner.config import JobConfig
 from jobrunner.formats import input_files, read_rows, resolve_format
-from jobrunner.formats.parquet import read_parquet_batches
+from jobrunner.formats.parquet import open_parquet
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids
 from jobrunner.io.readers import Item, RawRow
@@ -28,6 +28,7 @@ class FreshRows:
         self.cfg = cfg
         self.done = done
         self.skipped = 0
+        self._root = input_root(cfg.input.path)
 
     def __iter__(self) -> Iterator[Item]:
         c = self.cfg.input
@@ -42,18 +43,36 @@ class FreshRows:
             yield from self._parquet(file)
 
     def _parquet(self, file: str) -> Iterator[Item]:
+        """A row group at a time: its id column decides which rows are left, and only a group
+        with rows left is read whole (a resume past 50M committed rows reads ids, not rows)."""
+        pf = open_parquet(file)
+        col, name, first = self.cfg.input.id_column, derived_name(file, self._root), 0
+        columns = [col] if col and col in pf.schema_arrow.names else []
+        for group in range(pf.metadata.num_row_groups):
+            ids = batch_ids(pf.read_row_group(group, columns=columns), name, first, col)
+            keep = np.flatnonzero(~self._done(ids))
+            self.skipped += len(ids) - len(keep)
+            if len(keep):
+                yield from self._rows(pf, file, group, first, keep)
+            first += len(ids)
+
+    def _done(self, ids) -> np.ndarray:
         import pyarrow.compute as pc
 
-        first, name = 0, derived_name(file, input_root(self.cfg.input.path))
-        for batch in read_parquet_batches(file, self.cfg.input.batch_rows):
-            ids = batch_ids(batch, name, first, self.cfg.input.id_column)
-            known = pc.is_valid(ids).to_numpy(zero_copy_only=False)
-            done = np.zeros(batch.num_rows, bool)
-            if known.any():
-                done[known] = self.done.contains_hashes(hash_ids(pc.drop_null(ids)))
-            keep = np.flatnonzero(~done)
-            self.skipped += batch.num_rows - len(keep)
-            if len(keep):
-                for row, values in zip(keep, batch.take(keep).to_pylist(), strict=True):
-                    yield RawRow(values, RowRef(file, first + int(row)))
-            first += batch.num_rows
+        known = pc.is_valid(ids).to_numpy(zero_copy_only=False)
+        done = np.zeros(len(ids), bool)
+        if known.any():
+            done[known] = self.done.contains_hashes(hash_ids(pc.drop_null(ids)))
+        return done
+
+    def _rows(self, pf, file: str, group: int, first: int, keep: np.ndarray) -> Iterator[Item]:
+        """Rows `keep` (offsets in the group, sorted) of row group `group`, which starts at
+        row `first` of the file."""
+        start = 0
+        for batch in pf.iter_batches(batch_size=self.cfg.input.batch_rows, row_groups=[group]):
+            lo, hi = np.searchsorted(keep, [start, start + batch.num_rows])
+            rows = keep[lo:hi] - start
+            if len(rows):
+                for row, values in zip(rows, batch.take(rows).to_pylist(), strict=True):
+                    yield RawRow(values, RowRef(file, first + start + int(row)))
+            start += batch.num_rows
