@@ -171,6 +171,9 @@ class EmbeddingConfig(_Strict):
 
     normalize: bool = True  # L2-normalize each vector (after any `dimensions` truncation)
     dimensions: int | None = Field(None, ge=1)  # keep the first N values (Matryoshka), as OpenAI
+    # CPU encoders: batches at once, each on one thread (null: one per torch thread; 1: one
+    # batch at a time on every thread). Execution only: the vectors are the same
+    cpu_workers: int | None = Field(None, ge=1)
 
 
 class CostConfig(_Strict):
@@ -233,7 +236,8 @@ class JobConfig(_Strict):
         """What makes two runs 'the same job' (resume refuses a different one)."""
         parts = self._generate_parts()
         if self.task == "embed":  # generate jobs keep the fingerprint they always had
-            parts["embed"] = {**self.embedding.model_dump(), "pooling": self.model.pooling}
+            embedding = self.embedding.model_dump(exclude={"cpu_workers"})  # execution only
+            parts["embed"] = {**embedding, "pooling": self.model.pooling}
         return parts
 
     def _generate_parts(self) -> dict[str, Any]:

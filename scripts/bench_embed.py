@@ -118,7 +118,7 @@ def run_job_embed(work: dict) -> dict:
     np.save(work["vectors"], np.array([by_id[r["id"]] for r in rows], dtype="float32"))
     tokens = sum(table.column("prompt_tokens").to_pylist())
     seconds = run["wall_seconds"] - run["load_seconds"]
-    parts = {k: run[k] for k in ("wall_seconds", "load_seconds", "forward_seconds")}
+    parts = {k: run[k] for k in ("wall_seconds", "load_seconds", "engine_seconds")}
     return {"seconds": seconds, "tokens": tokens, **parts, **peak_memory()}
 
 
@@ -212,12 +212,12 @@ def main() -> None:
 
 
 def fixed_costs(r: dict) -> str:
-    """What a whole job spends outside its forwards (the model load is left out of texts/s)."""
-    other = r["wall_seconds"] - r["load_seconds"] - r["forward_seconds"]
+    """What a whole job spends outside its engine (the model load is left out of texts/s)."""
+    other = r["wall_seconds"] - r["load_seconds"] - r["engine_seconds"]
     return (
         f"job: wall {r['wall_seconds']:.1f} s = model load {r['load_seconds']:.1f} s (not"
-        f" counted) + forwards {r['forward_seconds']:.1f} s + the rest {other:.1f} s (reading,"
-        " tokenizing not hidden behind forwards, pooling, commit, reports)"
+        f" counted) + engine {r['engine_seconds']:.1f} s (tokenizing overlapped, forwards,"
+        f" pooling) + the rest {other:.1f} s (start-up, reading, commit, reports)"
     )
 
 

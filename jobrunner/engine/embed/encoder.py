@@ -35,6 +35,8 @@ def packed_supported(hf_model: Any) -> bool:
 class PackedBert:
     """BertModel's forward on packed sequences, using the HF modules' own weights."""
 
+    thread_safe = True  # no state between calls: batches may run on several workers at once
+
     def __init__(self, hf_model: Any) -> None:
         cfg = hf_model.config
         self.hf = hf_model
@@ -144,6 +146,8 @@ def length_runs(lens: list[int]) -> list[tuple[int, int, int]]:
 class PaddedEncoder:
     """Any HF encoder (AutoModel): a batch padded to its longest sequence (batches are
     length-sorted, so little is padded); padding is dropped before pooling."""
+
+    thread_safe = True
 
     def __init__(self, hf_model: Any, pad_id: int) -> None:
         self.hf = hf_model

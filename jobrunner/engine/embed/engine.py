@@ -5,12 +5,14 @@ batches under `engine.max_batch_tokens` (at most `engine.max_num_seqs` sequences
 holds sequences of close lengths and packed backends compute no padding at all. Each vector is
 pooled as the model says (pooling.py), truncated to the row's `dimensions` and L2-normalized
 (`embedding.normalize`). A batch that runs out of memory is split in two and retried; a single
-row that still does not fit fails alone.
+row that still does not fit fails alone. On a CPU, encoder batches run on single-threaded
+workers, several at once (workers.py); results come back in batch order either way.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -19,6 +21,7 @@ import torch
 
 from jobrunner.engine.base import Engine
 from jobrunner.engine.embed.st_files import pooling_mode
+from jobrunner.engine.embed.workers import in_workers
 from jobrunner.types import Request, Result, Usage
 
 log = logging.getLogger(__name__)
@@ -70,21 +73,31 @@ class EmbedEngine(Engine):
         self.decoder = is_decoder(loaded.model)
         self.pooling = pooling_mode(cfg.model.pooling, loaded.weights_dir, self.decoder)
         self.backend = make_backend(loaded, cfg, self.decoder)
-        self.stats.notes.append(f"embed: {type(self.backend).__name__}, {self.pooling} pooling")
-        log.info("embeddings: %s, %s pooling", type(self.backend).__name__, self.pooling)
+        self.workers = cpu_workers(cfg, loaded.device, self.backend)
+        self._stats_lock = threading.Lock()
+        name = type(self.backend).__name__
+        self.stats.notes.append(f"embed: {name}, {self.pooling} pooling, {self.workers} worker(s)")
+        log.info("embeddings: %s, %s pooling, %d worker(s)", name, self.pooling, self.workers)
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         self._t0 = time.perf_counter()
-        e = self.cfg.engine
-        pending = iter(requests)
         try:
-            while not self._stop_requested and (window := list(islice(pending, e.order_window))):
-                for batch in length_batches(window, e.max_batch_tokens, e.max_num_seqs):
-                    if self._stop_requested:
-                        return
+            batches = self._batches(iter(requests))
+            if self.workers > 1:
+                yield from in_workers(self._run, batches, self.workers)
+            else:
+                for batch in batches:
                     yield from self._run(batch)
         finally:
             self.stats.engine_seconds += time.perf_counter() - self._t0
+
+    def _batches(self, pending: Iterator[Request]) -> Iterator[list[Request]]:
+        e = self.cfg.engine
+        while not self._stop_requested and (window := list(islice(pending, e.order_window))):
+            for batch in length_batches(window, e.max_batch_tokens, e.max_num_seqs):
+                if self._stop_requested:
+                    return
+                yield batch
 
     def _run(self, batch: list[Request]) -> list[Result]:
         t = time.perf_counter()
@@ -93,7 +106,8 @@ class EmbedEngine(Engine):
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            self.stats.oom_retries += 1
+            with self._stats_lock:
+                self.stats.oom_retries += 1
             if len(batch) == 1:
                 return [self._failed(batch[0], "oom", f"out of memory embedding the row: {exc}")]
             half = len(batch) // 2
@@ -122,6 +136,10 @@ class EmbedEngine(Engine):
         return embed_result(r, usage, error_code=code, error=message)
 
     def _record(self, batch: list[Request], seconds: float) -> None:
+        with self._stats_lock:  # batches may finish on several workers at once
+            self._record_locked(batch, seconds)
+
+    def _record_locked(self, batch: list[Request], seconds: float) -> None:
         s, tokens = self.stats, sum(r.num_prompt_tokens for r in batch)
         s.steps += 1
         s.forward_seconds += seconds
@@ -153,6 +171,14 @@ def embed_result(r: Request, usage: Usage, **fields) -> Result:
         meta=r.meta,
         **fields,
     )
+
+
+def cpu_workers(cfg, device: torch.device, backend) -> int:
+    """How many batches run at once (workers.py): `embedding.cpu_workers`, else one per torch
+    thread, for encoders on a CPU; a decoder's paged prefill owns one cache, so it runs alone."""
+    if device.type != "cpu" or not getattr(backend, "thread_safe", False):
+        return 1
+    return cfg.embedding.cpu_workers or torch.get_num_threads()
 
 
 def is_decoder(hf_model) -> bool:

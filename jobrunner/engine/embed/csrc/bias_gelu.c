@@ -36,8 +36,8 @@ int bias_gelu(float *x, const float *bias, int64_t rows, int64_t cols, int nthre
     for (int64_t i = 0; i < rows; i++) {
         float *row = x + i * cols;
         for (int64_t j = 0; j < cols; j += 8)
-            _mm256_storeu_ps(row + j,
-                             gelu8(_mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(bias + j))));
+            _mm256_storeu_ps(row + j, gelu8(_mm256_add_ps(_mm256_loadu_ps(row + j),
+                                                          _mm256_loadu_ps(bias + j))));
     }
     return 0;
 #else

@@ -17,8 +17,8 @@ static void row(const float *y, const float *bias, const float *res, const float
     float x[MAX_D] __attribute__((aligned(32)));
     __m256 s = _mm256_setzero_ps();
     for (int64_t j = 0; j < D; j += 8) {
-        const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_loadu_ps(bias + j)),
-                                       _mm256_loadu_ps(res + j));
+        const __m256 yb = _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_loadu_ps(bias + j));
+        const __m256 v = _mm256_add_ps(yb, _mm256_loadu_ps(res + j));
         _mm256_store_ps(x + j, v);
         s = _mm256_add_ps(s, v);
     }
@@ -31,7 +31,8 @@ static void row(const float *y, const float *bias, const float *res, const float
     const __m256 rstd = _mm256_set1_ps(1.0f / sqrtf(hsum8(q) / (float)D + eps));
     for (int64_t j = 0; j < D; j += 8) {
         const __m256 n = _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + j), mean), rstd);
-        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(n, _mm256_loadu_ps(gamma + j), _mm256_loadu_ps(beta + j)));
+        const __m256 g = _mm256_loadu_ps(gamma + j), b = _mm256_loadu_ps(beta + j);
+        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(n, g, b));
     }
 }
 #endif
