@@ -47,7 +47,18 @@ class InputCheck:
             self._thread.join()
 
     def _run(self) -> None:
+        _lower_priority()
         try:
             self._scan(self._stop)
         except BaseException as e:  # raised by wait(), in the run's thread
             self._failure = e
+
+
+def _lower_priority() -> None:
+    """This thread (and the pool threads it starts) yields the CPU to the engine's: the check
+    only has to be done by the first commit, the first token should not wait behind it."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(AttributeError, OSError):  # elsewhere: the thread keeps its own
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: per thread

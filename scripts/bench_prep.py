@@ -2,9 +2,10 @@
 
     python scripts/bench_prep.py --corpus /work/scale/corpus-1000000.parquet --rows 50000
 
-1. rows/s of Preparer.prepare over the corpus: the chat template rendered per row through
-   Jinja and the whole text tokenized (the old path), against the frame rendered once with only
-   the user text tokenized (prep/render.py), alternated in the same process;
+1. rows/s of Preparer.prepare over the corpus (wall and CPU time), alternated in the same
+   process: the chat template rendered per row through Jinja, the whole text through the fast
+   tokenizer's batch call; the frame rendered once (prep/render.py), the user text through the
+   batch call; the frame, the user text by cached byte-level BPE pieces (prep/tokens.py);
 2. the paged engine's mean step time decoding a fixed batch, alone and with the preparation
    stage running in its thread as it does during a run.
 """
@@ -22,17 +23,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # what the CLI sets
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def prep_rate(cfg, tok, rows: int, framed: bool) -> float:
+def prep_rate(cfg, tok, rows: int, variant: str) -> tuple[float, float]:
+    """(rows/s of wall time, rows/s of this process's CPU time) of Preparer.prepare."""
     from jobrunner.formats import make_preparer, read_rows
+    from jobrunner.prep.tokens import TextEncoder
 
     prep = make_preparer(cfg, tok)
-    if not framed:
+    if variant == "jinja_per_row":
         prep.renderer.__dict__["_frame"] = None  # cached_property: force the per-row path
         prep.renderer.__dict__["frame_token_ids"] = None
-    items = itertools.islice(read_rows(cfg.input.path), rows)
-    t = time.perf_counter()
-    n = sum(1 for _ in prep.prepare(items))
-    return n / (time.perf_counter() - t)
+    if variant != "framed_cached_bpe":  # the fast tokenizer's batch call for every text
+        batch_call = TextEncoder(tok)
+        batch_call._model = None
+        prep.__dict__["encoder"] = batch_call
+    t, c = time.perf_counter(), time.process_time()
+    n = sum(1 for _ in prep.prepare(itertools.islice(read_rows(cfg.input.path), rows)))
+    return n / (time.perf_counter() - t), n / (time.process_time() - c)
 
 
 def step_time(loaded, cfg, tok, with_prep: bool) -> float:
@@ -79,9 +85,11 @@ def main() -> None:
     loaded = load_model(cfg.model)
     tok = loaded.tokenizer
     out: dict = {"rows": args.rows, "cpu_count": os.cpu_count()}
-    for framed in [False, True] * args.repeats:
-        key = "prep_rows_per_s_framed" if framed else "prep_rows_per_s_jinja_per_row"
-        out.setdefault(key, []).append(round(prep_rate(cfg, tok, args.rows, framed)))
+    variants = ["jinja_per_row", "framed_batch_call", "framed_cached_bpe"]
+    for variant in variants * args.repeats:
+        wall, cpu = prep_rate(cfg, tok, args.rows, variant)
+        out.setdefault(f"prep_rows_per_s_{variant}", []).append(round(wall))
+        out.setdefault(f"prep_cpu_rows_per_s_{variant}", []).append(round(cpu))
     for with_prep in [False, True] * args.repeats:
         key = "step_ms_with_prep" if with_prep else "step_ms_alone"
         out.setdefault(key, []).append(round(1000 * step_time(loaded, cfg, tok, with_prep), 2))

@@ -12,6 +12,7 @@ No torch and no ray here. Names and invariants:
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import re
@@ -27,7 +28,7 @@ from jobrunner.formats import input_files, make_preparer, read_rows
 from jobrunner.formats.parquet import read_parquet_ranges
 from jobrunner.input_scan import metadata_rows
 from jobrunner.io.identity import input_root
-from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches
+from jobrunner.io.ids import IdSet, batch_ids, committed, hash_ids, iter_id_batches
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.writers import write_text_atomic
@@ -36,6 +37,7 @@ from jobrunner.types import RowError, RowRef
 
 FRAGMENTS_DIR = "ray-errors"
 RUN_TOKEN = ".ray-run"  # the tag of the driver now running; stale workers must not commit
+CHECK_ROWS = 1024  # rows checked against the committed ids at once (other formats)
 _TAG = re.compile(r"part-r(\d+)-b(\d+)\.")
 
 
@@ -60,17 +62,20 @@ def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> 
         )
     preparer = make_preparer(cfg, tokenizer=None)
     plan, cur = Plan(), []
-    for item in read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows):
-        row_id = item if isinstance(item, RowError) else preparer.row_id(item)
-        if isinstance(row_id, RowError):
-            plan.errors.append(row_id)
-        elif row_id in skip_ids:
-            plan.skipped += 1
-        else:
-            cur.append(item)
-        if len(cur) == block_rows:
-            _add_block(plan, cur, preparer)
-            cur = []
+    items = read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)
+    while chunk := list(itertools.islice(items, CHECK_ROWS)):
+        row_ids = [i if isinstance(i, RowError) else preparer.row_id(i) for i in chunk]
+        done = committed(skip_ids, [i if isinstance(i, str) else None for i in row_ids])
+        for item, row_id, skip in zip(chunk, row_ids, done, strict=True):
+            if isinstance(row_id, RowError):
+                plan.errors.append(row_id)
+            elif skip:
+                plan.skipped += 1
+            else:
+                cur.append(item)
+            if len(cur) == block_rows:
+                _add_block(plan, cur, preparer)
+                cur = []
     if cur:
         _add_block(plan, cur, preparer)
     return plan

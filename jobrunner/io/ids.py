@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 SORTED_LOOKUP = 1024  # queries from which contains_hashes sorts them first
+LOOKUP_CHUNK = 1 << 20  # queries contains_hashes answers at once
 SEED = 0x6A6F6272  # fixed: the same id hashes alike in every batch of this process
 _TEXT_OR_INT = ("string", "large_string", "string_view", "int8", "int16", "int32", "int64")
 _TEXT_OR_INT += ("uint8", "uint16", "uint32", "uint64")
@@ -78,7 +79,10 @@ class IdSet:
     def contains_hashes(self, h: np.ndarray) -> np.ndarray:
         if not len(self.hashes):
             return np.zeros(len(h), bool)
-        if len(h) < SORTED_LOOKUP:
+        if len(h) > LOOKUP_CHUNK:  # bounded scratch memory for a query of every id
+            parts = range(0, len(h), LOOKUP_CHUNK)
+            return np.concatenate([self.contains_hashes(h[i : i + LOOKUP_CHUNK]) for i in parts])
+        if len(h) < SORTED_LOOKUP or bool(np.all(h[1:] >= h[:-1])):
             return self._found(h)
         # Sorted queries walk the array in order: several times faster than random probes
         # when the set is far larger than the cache (a resume past 50M committed ids).
