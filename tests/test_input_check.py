@@ -25,6 +25,13 @@ from jobrunner.resume import start_run
 REC = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
 
 
+@pytest.fixture(autouse=True)
+def checked_while_starting(monkeypatch, request):
+    """These small inputs take the path of a large one (unless a test says otherwise)."""
+    if "small_input" not in request.keywords:
+        monkeypatch.setattr("jobrunner.resume.CHECK_WHILE_STARTING_ROWS", 0)
+
+
 def write_input(path: Path, ids: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"id": ids, "prompt": [f"Say {i}." for i in ids]}), path)
@@ -108,3 +115,14 @@ def test_a_resume_reads_only_the_rows_left_a_row_group_at_a_time(tmp_path, id_co
     rows = list(fresh)
     assert [(r.values["prompt"], r.source.row) for r in rows] == [("r0", 0), ("r4", 4), ("r5", 5)]
     assert fresh.skipped == 4
+
+
+@pytest.mark.small_input
+def test_a_small_inputs_duplicate_ids_are_refused_before_the_run_starts(tmp_path):
+    """Below CHECK_WHILE_STARTING_ROWS the pass runs before start_run yields, so the model is
+    never loaded for an input with duplicate ids (promise 9)."""
+    data = write_input(tmp_path / "a.parquet", ["a", "b", "a"])
+    cfg = config(tmp_path, data)
+    rd = RunDir(cfg.output.path, "jsonl")
+    with pytest.raises(InputDataError, match="1 duplicate ids"), start_run(rd, cfg, RunOptions()):
+        pytest.fail("the run started over an input with duplicate ids")
