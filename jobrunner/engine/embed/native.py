@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from jobrunner.engine.resolve import writable_cache_dir
+from jobrunner.engine.native_build import build_library
 
 log = logging.getLogger(__name__)
 
@@ -51,37 +47,7 @@ def load() -> ctypes.CDLL | None:
 
 
 def build() -> Path:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    code = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
-    key = hashlib.sha256(code + version.stdout.encode() + cpu_flags())
-    target = writable_cache_dir() / "kernels" / f"jobrunner-embed-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", *map(str, SOURCES)]
-    cmd += ["-o", tmp]
-    done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-    os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
-    return target
-
-
-def cpu_flags() -> bytes:
-    """This CPU's feature flags: `-march=native` code must not run on another CPU."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.encode()
-    except OSError:
-        pass
-    return platform.processor().encode() + platform.machine().encode()
+    return build_library("embed", SOURCES, HEADERS)
 
 
 def shapes_supported(head_dim: int, hidden_size: int, intermediate_size: int) -> bool:

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from jobrunner.engine.native_build import build_library
 from jobrunner.engine.paged.cache_dtype import to_cache_dtype
-from jobrunner.engine.resolve import writable_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -90,38 +87,7 @@ def isa() -> str | None:
 
 
 def _build() -> Path:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    code = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
-    key = hashlib.sha256(code + version.stdout.encode() + _cpu_flags()).hexdigest()
-    target = writable_cache_dir() / "kernels" / f"jobrunner-cpu-{key[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", *map(str, SOURCES)]
-    cmd += ["-o", tmp]
-    done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-    os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
-    return target
-
-
-def _cpu_flags() -> bytes:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.encode()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor().encode() + platform.machine().encode()
+    return build_library("cpu", SOURCES, HEADERS)
 
 
 def decode_supported(dtype: torch.dtype, device: torch.device) -> bool:

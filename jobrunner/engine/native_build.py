@@ -1,0 +1,53 @@
+"""Build a native kernel library once per source, compiler and CPU, into the kernel cache.
+
+`-march=native` code must not run on another CPU, so the cache key holds this CPU's feature
+flags with the sources and the compiler's version. A concurrent build of the same key writes
+the same bytes, and the library appears by an atomic rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from jobrunner.engine.resolve import writable_cache_dir
+
+
+def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
+    """The cached `jobrunner-<name>-<key>.so` built from `sources` (RuntimeError if it fails)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    code = b"".join(src.read_bytes() for src in [*sources, *headers])
+    key = hashlib.sha256(code + version.stdout.encode() + cpu_flags()).hexdigest()
+    target = writable_cache_dir() / "kernels" / f"jobrunner-{name}-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", *map(str, sources)]
+    cmd += ["-o", tmp]
+    done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    os.replace(tmp, target)
+    return target
+
+
+def cpu_flags() -> bytes:
+    """This CPU's feature flags (Linux), else its processor and machine names."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode() + platform.machine().encode()
