@@ -333,6 +333,26 @@ def test_pulls_requests_lazily_and_honours_stop(loaded, prompts):
     assert engine.stats.engine_seconds > 0 and engine.stats.busy_fraction > 0
 
 
+def test_a_stop_abandons_a_long_step_between_layers(loaded, prompts):
+    """Promise 7 on a slow CPU: a stop requested while a big prefill step runs does not wait for
+    its last layer (minutes for a large model); the step is dropped and no row of it is emitted."""
+    engine = make_engine(loaded, 256 << 20)
+    layers_run = []
+    attention = engine.model._attention
+
+    def counting(i, *args):
+        layers_run.append(i)
+        if len(layers_run) == 3:
+            engine.request_stop()  # as the signal handler does, mid-step
+        return attention(i, *args)
+
+    engine.model._attention = counting
+    results = run(engine, requests(prompts))
+    assert layers_run == [0, 1, 2]  # the check before layer 3 ended the step
+    assert results == {}  # the only step was a prefill: nothing finished, nothing half-done
+    assert list(engine.generate(iter(requests(prompts)))) == []  # a stopped engine stays stopped
+
+
 def test_rejects_prompts_that_cannot_fit(loaded):
     engine = make_engine(loaded, 256 << 20)
     reqs = [Request("empty", [], SamplingParams()), Request("long", [1] * 5000, SamplingParams())]

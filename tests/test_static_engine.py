@@ -72,6 +72,28 @@ def test_sampling_is_per_row_reproducible_whatever_the_batch(model_f32):
     assert got["x"].token_ids == alone.token_ids
 
 
+def test_a_stop_ends_generate_at_the_next_token_and_drops_the_batch(model_f32):
+    """Promise 7: a SIGTERM does not wait for a batch's max_new_tokens; the batch cut short
+    gives no result (its rows are unfinished and rerun), and no further batch runs."""
+    ids = prompts(model_f32.tokenizer, TEXTS)
+    sp = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    engine = StaticEngine(model_f32, JobConfig())
+    calls = []
+
+    def stop_at_third_forward(module, args, output):
+        calls.append(1)
+        if len(calls) == 3:
+            engine.request_stop()
+
+    hook = model_f32.model.register_forward_hook(stop_at_third_forward)
+    try:
+        results = list(engine.generate([Request(f"r{i}", p, sp) for i, p in enumerate(ids)]))
+    finally:
+        hook.remove()
+    assert results == []
+    assert len(calls) == 3  # not 40: generate() ended at the token after the request
+
+
 def test_dequantized_gguf_cache_is_a_plain_hf_checkpoint(model_f32):
     """Other tools (vLLM, plain transformers) read the cache: the tied head is stored the HF way,
     as the input embeddings, and the directory loads without jobrunner to the same logits."""

@@ -68,6 +68,10 @@ class Engine:
         order. Must honour request_stop(). (An engine overriding `generate` itself needs not.)"""
         raise NotImplementedError
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
     def request_stop(self) -> None:
         """Stop admitting work; generate() returns soon, dropping unfinished rows (rerun redoes them)."""
         self._stop_requested = True

@@ -87,12 +87,18 @@ class StaticEngine(Engine):
         for i, r in enumerate(batch):
             ids[i, width - r.num_prompt_tokens :] = torch.tensor(r.prompt_token_ids)
             mask[i, width - r.num_prompt_tokens :] = 1
+        from transformers import StoppingCriteriaList
+
         kwargs, rows = self._generate_kwargs(batch, pad)
+        stop = StopWhenAsked(self)
         out = self.loaded.model.generate(
             input_ids=ids.to(self.loaded.device),
             attention_mask=mask.to(self.loaded.device),
+            stopping_criteria=StoppingCriteriaList([stop]),
             **kwargs,
         )
+        if stop.fired:  # cut short by a stop request: its rows are unfinished, and rerun
+            return []
         new = out[:, width:].tolist()
         results = [
             self._result(r, toks, row) for r, toks, row in zip(batch, new, rows, strict=True)
@@ -166,6 +172,22 @@ def attribute_batch(batch: list[Request], results: list[Result], seconds: float)
     for r, res, n in zip(batch, results, need, strict=True):
         res.usage.add_step(r.num_prompt_tokens, False, 0.0)
         res.usage.add_step(res.usage.completion_tokens, True, seconds * n / total)
+
+
+class StopWhenAsked:
+    """An HF stopping criterion that ends generate() at the next token once the engine is asked
+    to stop (a SIGTERM would otherwise wait for the whole batch's max_new_tokens); `fired` says
+    the batch was cut short, so that none of its rows is taken as finished."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.fired = False
+
+    def __call__(self, input_ids, scores, **kwargs):  # input_ids: (B, T)
+        import torch
+
+        self.fired = self.fired or self.engine.stop_requested
+        return torch.full((input_ids.shape[0],), self.fired, device=input_ids.device)
 
 
 class ForcePicks:

@@ -25,7 +25,7 @@ from jobrunner.engine.base import Engine
 from jobrunner.engine.finish import error_result
 from jobrunner.engine.paged.detok import Detokenizer, FinishedRow
 from jobrunner.engine.paged.kv_cache import kv_cache_for
-from jobrunner.engine.paged.model import PagedCausalLM, unsupported_reason
+from jobrunner.engine.paged.model import PagedCausalLM, StepInterrupted, unsupported_reason
 from jobrunner.engine.paged.runner import ModelRunner
 from jobrunner.engine.sampler import RowSampler
 from jobrunner.sched import BlockManager, ScheduledBatch, Scheduler, Sequence
@@ -61,6 +61,9 @@ class PagedEngine(Engine):
             torch.set_num_threads(e.num_threads)
         self.max_model_len = min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
         self.model = PagedCausalLM(loaded.model, self.max_model_len)
+        self.model.stopping = lambda: (
+            self.stop_requested
+        )  # a stop abandons a long step between layers
         self.kv = kv_cache_for(self.model, cfg, loaded.dtype, loaded.device, self.max_model_len)
         self.block_manager = BlockManager(self.kv.num_blocks, e.block_size, e.prefix_caching)
         self.scheduler = Scheduler(
@@ -181,6 +184,9 @@ class PagedEngine(Engine):
             if self._attempts in self._fault_steps:
                 raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at attempt {self._attempts}")
             return self.runner.run(batch)
+        except StepInterrupted as e:
+            log.warning("stop requested: step of %d tokens abandoned (%s)", batch.num_tokens, e)
+            return None
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_oom(e):
                 raise

@@ -7,6 +7,7 @@ Mistral (without an active sliding window), Qwen2 (qkv bias) and Qwen3 (q/k norm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,6 +53,12 @@ RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 SILUS = ("SiLU", "SiLUActivation")  # torch's, and what transformers 5 builds for `silu`
 
 
+class StepInterrupted(Exception):
+    """A step abandoned between two layers because `PagedCausalLM.stopping()` said so: on a
+    slow CPU one prefill step takes minutes, longer than a stop signal may wait. The KV the
+    step wrote is garbage; the engine must not run another step."""
+
+
 def _tiles(h: torch.Tensor, tile: int | None) -> list[torch.Tensor]:
     if tile is None or h.shape[0] <= tile:
         return [h]
@@ -82,6 +89,7 @@ class PagedCausalLM:
         on_cpu = next(hf_model.parameters()).device.type == "cpu"
         self.mlp_tile = CPU_MLP_TILE if on_cpu else None
         self.small_rows = SmallRowLinear() if SmallRowLinear.usable(hf_model) else F.linear
+        self.stopping: Callable[[], bool] = _never  # asked between layers (StepInterrupted)
 
     @staticmethod
     def _rope_table(hf_model: Any, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,6 +125,8 @@ class PagedCausalLM:
             rope = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
         h = self.hf.model.embed_tokens(input_ids)  # (T, D), a fresh tensor: updated in place
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if self.stopping():
+                raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
             h += self._attention(i, layer, h, rope, meta, k_cache, v_cache)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
                 rows += self._mlp(i, layer.mlp, rms_norm(layer.post_attention_layernorm, rows))
@@ -197,3 +207,7 @@ def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor, linear=F
     if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
         return None
     return linear(x, fused[1], fused[2])
+
+
+def _never() -> bool:
+    return False
