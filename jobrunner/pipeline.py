@@ -61,7 +61,7 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
         run.total_rows - len(run.skip_ids),
         live=engine.stats,
         prompt=stream,
-        max_new_tokens=cfg.generation.max_new_tokens,
+        max_new_tokens=0 if cfg.task == "embed" else cfg.generation.max_new_tokens,
     )
     try:
         interrupted = _run_engine(engine, stream, committer, progress)

@@ -155,3 +155,21 @@ def test_rows_still_running_past_the_mean_are_not_taken_as_done():
     # 2 rows running with 14 tokens each, the mean: each is taken to stop at (128 + 14) / 2
     assert snap.eta == pytest.approx(2 * 57 / 2.0)
     assert snap.fraction() < 1.0
+
+
+def test_a_job_that_generates_nothing_shows_no_generation_and_its_eta_is_the_prompts():
+    """An embedding job: no `0 tok 0.0/s`, and its ETA is the prompt tokens left."""
+    counters = live()
+    now = [0.0]
+    progress = Progress(10, 60, counters, prompts(5000, 10), max_new_tokens=0, clock=lambda: now[0])
+    try:
+        now[0] = 2.0
+        counters.prefill_tokens = 2000
+        progress.add(4, 0)
+        snap = progress.snapshot()
+    finally:
+        progress.close()
+    assert snap.eta == pytest.approx(3.0)  # 3,000 tokens left at 1,000 tok/s
+    assert (
+        snap.text() == "prompt 2,000/5,000 tok 1,000/s · rows 4/10 · ETA 0:00:03 · 0:00:02 elapsed"
+    )

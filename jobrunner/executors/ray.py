@@ -74,7 +74,10 @@ def _run(run: OpenRun) -> tuple[int, bool]:
     if plan.blocks:
         started = _connect(cfg)
         progress = Progress(
-            plan.rows, live=landed, prompt=landed, max_new_tokens=cfg.generation.max_new_tokens
+            plan.rows,
+            live=landed,
+            prompt=landed,
+            max_new_tokens=0 if cfg.task == "embed" else cfg.generation.max_new_tokens,
         )
         try:
             run.stop.reraise()  # a signal during ray.init whose exception Ray swallowed

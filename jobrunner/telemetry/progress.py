@@ -59,6 +59,7 @@ class Snapshot:
     prefill_eta: float | None  # seconds until every known prompt token is processed
     time_fraction: float | None = None  # time elapsed over time elapsed and left
     elapsed: float = 0.0
+    generates: bool = True  # False for a job that only reads prompts (embeddings)
 
     @property
     def prefilling(self) -> bool:
@@ -86,6 +87,9 @@ class Snapshot:
             prompt += f" {_rate(self.prompt_rate)}/s"
         rows = f"rows {self.rows_done:,}/{self.rows_total:,}"
         gen = f"{self.generated:,} tok {_rate(self.generate_rate)}/s"
+        if not self.generates:
+            eta = "ETA -" if self.eta is None else f"ETA {_clock(self.eta)}"
+            return f"{prompt} · {rows} · {eta} · {_clock(self.elapsed)} elapsed"
         if self.eta is not None:
             eta = f"ETA {_clock(self.eta)}"
         elif self.prefill_eta is not None:
@@ -111,6 +115,7 @@ class Progress:
         self.live = live  # EngineStats: generated, prefill and cached tokens, step_log
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
+        self.generates = max_new_tokens != 0  # 0: a job that generates nothing (embeddings)
         self.clock = clock
         self.t0 = clock()
         self.log_every = log_every
@@ -165,8 +170,8 @@ class Progress:
             since = now - (self._moved["prompt"][0] or now)
             prefill_eta = max(prompt_left / prompt_rate - since, 0.0)
         decode_rate = self._decode_rate(generate_rate)
-        eta = None
-        if prefill_eta is not None and decode_rate:
+        eta = None if self.generates else prefill_eta  # nothing to generate: prompts are all
+        if self.generates and prefill_eta is not None and decode_rate:
             during = generate_rate * prefill_eta  # rows decode while prompts are still prefilled
             eta = prefill_eta + max(generate_left - during, 0) / decode_rate
         elapsed = now - self.t0
@@ -182,6 +187,7 @@ class Progress:
             prefill_eta,
             elapsed / (elapsed + eta) if eta is not None and elapsed + eta > 0 else None,
             elapsed,
+            self.generates,
         )
 
     def _rate(self, phase: str, count: int, now: float) -> float:

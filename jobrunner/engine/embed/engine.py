@@ -21,7 +21,7 @@ import torch
 
 from jobrunner.engine.base import Engine
 from jobrunner.engine.embed.st_files import pooling_mode
-from jobrunner.engine.embed.workers import in_workers
+from jobrunner.engine.embed.workers import SharedClock, in_workers
 from jobrunner.types import Request, Result, Usage
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class EmbedEngine(Engine):
         self.backend = make_backend(loaded, cfg, self.decoder)
         self.workers = cpu_workers(cfg, loaded.device, self.backend)
         self._stats_lock = threading.Lock()
+        self._clock = SharedClock()  # overlapping batches share the wall time they ran in
         name = type(self.backend).__name__
         self.stats.notes.append(f"embed: {name}, {self.pooling} pooling, {self.workers} worker(s)")
         log.info("embeddings: %s, %s pooling, %d worker(s)", name, self.pooling, self.workers)
@@ -100,10 +101,13 @@ class EmbedEngine(Engine):
                 yield batch
 
     def _run(self, batch: list[Request]) -> list[Result]:
-        t = time.perf_counter()
+        """`seconds`: the batch's share of the wall time (SharedClock), not its own duration:
+        with N workers their durations add up to N times the wall clock."""
+        token = self._clock.start()
         try:
-            vectors = self.backend.embed([r.prompt_token_ids for r in batch], self.pooling)
+            vectors = self.backend.embed([r.prompt_token_ids for r in batch], self.pooling).cpu()
         except Exception as exc:
+            self._clock.stop(token)
             if not is_oom(exc):
                 raise
             with self._stats_lock:
@@ -112,8 +116,7 @@ class EmbedEngine(Engine):
                 return [self._failed(batch[0], "oom", f"out of memory embedding the row: {exc}")]
             half = len(batch) // 2
             return self._run(batch[:half]) + self._run(batch[half:])
-        vectors = vectors.cpu()
-        seconds = time.perf_counter() - t
+        seconds = self._clock.stop(token)
         self._record(batch, seconds)
         tokens = sum(r.num_prompt_tokens for r in batch)
         return [
