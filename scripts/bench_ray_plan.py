@@ -2,16 +2,19 @@
 
     python scripts/bench_ray_plan.py --corpus /tmp/scale/corpus-10000000.parquet
     python scripts/bench_ray_plan.py --corpus /tmp/scale/corpus-1000000.parquet --pickled
+    python scripts/bench_ray_plan.py --corpus /tmp/scale/corpus-1000000.jsonl [--pickled]
 
 Prints the driver's peak RSS, seconds and the bytes of block payloads it would hand to Ray
 (`executors/ray_blocks.plan_blocks`, ray.block_rows 256, half the rows committed with
-`--committed`). `--pickled` takes the path other formats take (the driver reads every row and
-pickles it into the blocks), the way Parquet was planned before blocks named row ranges.
+`--committed`). `--pickled` takes the path CSV takes (the driver reads every row and pickles
+it into the blocks), the way Parquet was planned before blocks named row ranges and JSONL before
+blocks named spans of lines. A `.jsonl` corpus is `make_corpus.py`'s rows as JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import time
@@ -37,12 +40,16 @@ def main() -> None:
     num = pc.cast(pa.array(np.arange(args.committed)), pa.string())
     done = IdSet(hash_ids(pc.binary_join_element_wise("r", pc.utf8_lpad(num, 9, "0"), "")))
     if args.pickled:
+        line_format = ray_blocks.input_format
         ray_blocks.metadata_rows = lambda cfg: None
+        ray_blocks.input_format = lambda name: dataclasses.replace(
+            line_format(name), parse_line=None
+        )
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t = time.monotonic()
     plan = ray_blocks.plan_blocks(cfg, done, args.block_rows)
     out = {
-        "path": "pickled rows" if args.pickled else "file + row ranges",
+        "path": "pickled rows" if args.pickled else "file + row ranges or line spans",
         "rows": plan.rows,
         "skipped": plan.skipped,
         "blocks": len(plan.blocks),

@@ -137,7 +137,8 @@ def no_rows_read_here(monkeypatch) -> None:
         raise AssertionError("the driver read input rows")
 
     monkeypatch.setattr(parquet, "_batch_rows", refused)
-    monkeypatch.setattr(ray_blocks, "read_rows", refused)
+    monkeypatch.setattr(ray_blocks, "_row_blocks", refused)
+    monkeypatch.setattr(ray_blocks, "_line_blocks", refused)
 
 
 def test_parquet_blocks_are_file_and_row_ranges_read_by_the_worker(tmp_path, monkeypatch):
@@ -160,6 +161,39 @@ def test_parquet_blocks_are_file_and_row_ranges_read_by_the_worker(tmp_path, mon
     ]
     assert [r.source.row for rows in read for r in rows] == [0, 2, 3, 4, 6, 7]
     assert all(r.values["prompt"] == "SECRET PROMPT" for rows in read for r in rows)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "openai-batch"])
+def test_line_blocks_are_spans_of_the_input_read_by_the_worker(tmp_path, fmt):
+    """A JSONL (or batch) block names a span of lines, not its rows: the driver's memory and
+    the object store hold no prompt, and what a worker reads is exactly what the whole file's
+    reader gives for those rows (values, row and line numbers; BOM, blank lines, CRLF)."""
+    from jobrunner.executors.ray_blocks import unpack_block
+    from jobrunner.formats import read_rows
+
+    def line(i):
+        if fmt == "jsonl":
+            return {"id": f"r{i}", "prompt": f"SECRET PROMPT {i}"}
+        body = {"messages": [{"role": "user", "content": f"SECRET PROMPT {i}"}]}
+        return {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    lines = [json.dumps(line(i)) for i in range(9)]
+    lines[4:4] = ["", "not json"]  # a blank line, then an unreadable one
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n\n")
+    cfg = JobConfig.model_validate({"input": {"path": str(src), "format": fmt}})
+    plan = plan_blocks(cfg, skip_ids={"r1", "r5", "r6"}, block_rows=2)
+    assert all(b"SECRET" not in b["payload"] for b in plan.blocks)
+    assert (plan.skipped, plan.rows) == (3, 6)
+    assert [e.code for e in plan.errors] == ["malformed_json"]
+    read = [list(unpack_block(b["payload"])[0]) for b in plan.blocks]
+    assert [len(rows) for rows in read] == [2, 2, 2]
+    whole = {r.source.row: r for r in read_rows(str(src), fmt) if not isinstance(r, RowError)}
+    got = [r for rows in read for r in rows]
+    assert [(r.source, r.values) for r in got] == [
+        (whole[r.source.row].source, whole[r.source.row].values) for r in got
+    ]
+    assert [r.source.line for r in got] == [1, 3, 4, 7, 10, 11]  # r0 r2 r3 r4 r7 r8
 
 
 def test_merging_error_fragments_twice_adds_nothing(tmp_path):

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import input_files, make_preparer, read_rows
+from jobrunner.formats import detect_format, input_files, input_format, make_preparer
+from jobrunner.formats.lines import Line, iter_lines
 from jobrunner.formats.parquet import read_parquet_ranges
 from jobrunner.input_scan import metadata_rows
 from jobrunner.io.identity import input_root
@@ -43,8 +44,9 @@ _TAG = re.compile(r"part-r(\d+)-b(\d+)\.")
 
 @dataclass
 class Plan:
-    """What the driver hands to Ray: blocks (a Parquet block names its file and row ranges, the
-    worker reads them; other formats' blocks hold their pickled rows), plus what it settled."""
+    """What the driver hands to Ray: blocks (a Parquet block names its file and row ranges, a
+    JSONL one a span of lines and its rows, the worker reads them; CSV blocks hold their pickled
+    rows), plus what it settled."""
 
     blocks: list[dict] = field(default_factory=list)  # {"block": k, "payload": bytes}
     errors: list[RowError] = field(default_factory=list)  # unreadable rows, bad ids
@@ -53,32 +55,83 @@ class Plan:
 
 
 def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> Plan:
-    """Pending rows in blocks of block_rows. Parquet read by the column preparer: from the id
-    column alone (vectorized, no row in the driver), each block its file and row ranges; other
-    inputs: read once here (our readers, our id rules), their rows pickled into the blocks."""
+    """Pending rows in blocks of block_rows, none across two files. Parquet read by the column
+    preparer: from the id column alone (vectorized, no row in the driver), each block its file
+    and row ranges. Line formats (JSONL, OpenAI batch files): read once here for their ids (our
+    readers, our id rules), each block a span of lines and the rows in it to run. Other inputs
+    (CSV): read once here, their rows pickled into the blocks."""
     if metadata_rows(cfg) is not None:
         return _described(
             cfg, skip_ids if isinstance(skip_ids, IdSet) else IdSet.of(skip_ids), block_rows
         )
     preparer = make_preparer(cfg, tokenizer=None)
-    plan, cur = Plan(), []
-    items = read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)
+    plan = Plan()
+    for file in input_files(cfg.input.path):
+        fmt = input_format(detect_format(file, cfg.input.format))
+        if fmt.parse_line is not None:
+            _line_blocks(plan, file, fmt, preparer, skip_ids, block_rows)
+        else:
+            _row_blocks(plan, fmt.read(file, cfg.input.batch_rows), preparer, skip_ids, block_rows)
+    return plan
+
+
+def _pending(plan: Plan, items: list[Item], preparer, skip_ids) -> list[bool]:
+    """For each item: whether it is a row to run. Unreadable rows and bad ids go to
+    plan.errors, committed rows to plan.skipped."""
+    row_ids = [i if isinstance(i, RowError) else preparer.row_id(i) for i in items]
+    done = committed(skip_ids, [i if isinstance(i, str) else None for i in row_ids])
+    keep = []
+    for row_id, skip in zip(row_ids, done, strict=True):
+        if isinstance(row_id, RowError):
+            plan.errors.append(row_id)
+        elif skip:
+            plan.skipped += 1
+        keep.append(not skip and not isinstance(row_id, RowError))
+    return keep
+
+
+def _row_blocks(plan: Plan, items: Iterable[Item], preparer, skip_ids, block_rows: int) -> None:
+    cur: list[RawRow] = []
     while chunk := list(itertools.islice(items, CHECK_ROWS)):
-        row_ids = [i if isinstance(i, RowError) else preparer.row_id(i) for i in chunk]
-        done = committed(skip_ids, [i if isinstance(i, str) else None for i in row_ids])
-        for item, row_id, skip in zip(chunk, row_ids, done, strict=True):
-            if isinstance(row_id, RowError):
-                plan.errors.append(row_id)
-            elif skip:
-                plan.skipped += 1
-            else:
+        for item, keep in zip(chunk, _pending(plan, chunk, preparer, skip_ids), strict=True):
+            if keep:
                 cur.append(item)
             if len(cur) == block_rows:
                 _add_block(plan, cur, preparer)
                 cur = []
     if cur:
         _add_block(plan, cur, preparer)
-    return plan
+
+
+def _line_blocks(plan: Plan, file: str, fmt, preparer, skip_ids, block_rows: int) -> None:
+    """Blocks of `file` as spans of lines: where the first pending line starts, where the last
+    one ends, and the rows between them to run (committed and unreadable ones left out)."""
+    lines = iter_lines(file)
+    cur: list[Line] = []
+    while chunk := list(itertools.islice(lines, CHECK_ROWS)):
+        items = [fmt.parse_line(ln.raw, RowRef(file, ln.row, line=ln.line)) for ln in chunk]
+        for ln, keep in zip(chunk, _pending(plan, items, preparer, skip_ids), strict=True):
+            if keep:
+                cur.append(ln._replace(raw=b""))  # the driver keeps no row's text
+            if len(cur) == block_rows:
+                _add_span(plan, file, fmt.name, cur, preparer)
+                cur = []
+    if cur:
+        _add_span(plan, file, fmt.name, cur, preparer)
+
+
+def _add_span(plan: Plan, file: str, fmt: str, lines: list[Line], preparer) -> None:
+    first, last = lines[0], lines[-1]
+    span = {
+        "file": file,
+        "format": fmt,
+        "start": (first.byte, first.line, first.row),
+        "stop": last.end,
+        "rows": _runs(np.fromiter((ln.row for ln in lines), np.int64, len(lines))),
+    }
+    payload = pickle.dumps({"lines": span, "file_has_ids": preparer.file_ids([file])})
+    plan.blocks.append({"block": len(plan.blocks), "payload": payload})
+    plan.rows += len(lines)
 
 
 def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:
@@ -109,14 +162,18 @@ def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:
 
 
 def _add_ranges(plan: Plan, file: str, rows: np.ndarray) -> None:
-    """A block of these (sorted) rows of `file`, as [start, stop) runs of consecutive rows."""
+    """A block of these (sorted) rows of `file`."""
+    payload = pickle.dumps({"file": file, "ranges": _runs(rows)})
+    plan.blocks.append({"block": len(plan.blocks), "payload": payload})
+    plan.rows += len(rows)
+
+
+def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted row numbers as [start, stop) runs of consecutive rows."""
     cut = np.flatnonzero(np.diff(rows) != 1) + 1
     starts = rows[np.concatenate([[0], cut])]
     stops = rows[np.concatenate([cut - 1, [len(rows) - 1]])] + 1
-    ranges = [(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
-    payload = pickle.dumps({"file": file, "ranges": ranges})
-    plan.blocks.append({"block": len(plan.blocks), "payload": payload})
-    plan.rows += len(rows)
+    return [(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
 
 
 def _add_block(plan: Plan, rows: list[RawRow], preparer) -> None:
@@ -135,7 +192,24 @@ def unpack_block(payload: bytes, batch_rows: int = 1024) -> tuple[Iterable[Item]
     data = pickle.loads(payload)
     if "ranges" in data:
         return read_parquet_ranges(data["file"], data["ranges"], batch_rows), {}
+    if "lines" in data:
+        return _read_span(**data["lines"]), data["file_has_ids"]
     return data["rows"], data["file_has_ids"]
+
+
+def _read_span(file: str, format: str, start, stop: int, rows: list[tuple[int, int]]):
+    """The items of a span block: its lines parsed, but only the rows in `rows` (the others are
+    committed, or reported unreadable by the driver)."""
+    parse = input_format(format).parse_line
+    runs = iter(rows)
+    lo, hi = next(runs)
+    for ln in iter_lines(file, start, stop):
+        while ln.row >= hi:
+            lo, hi = next(runs, (None, None))
+            if lo is None:
+                return
+        if ln.row >= lo:
+            yield parse(ln.raw, RowRef(file, ln.row, line=ln.line))
 
 
 # ------------------------------------------------------------------ names

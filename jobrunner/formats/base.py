@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobrunner.io.readers import Item
-from jobrunner.types import RowError
+from jobrunner.types import RowError, RowRef
 
 if TYPE_CHECKING:
     from jobrunner.prep.prepare import Preparer
@@ -26,6 +26,8 @@ class Format:
     # input
     suffixes: tuple[str, ...] = ()  # files `input.format: auto` reads as this format
     read: Reader | None = None
+    # line formats: parses one non-blank line, so a Ray block can be a span of lines (lines.py)
+    parse_line: Callable[[bytes, RowRef], Item] | None = None
     claims: Callable[[str, str], bool] | None = None  # (file, its suffix's format): auto picks us
     preparer: type[Preparer] | None = None  # None: the column/template Preparer
     embed_preparer: type[Preparer] | None = None  # task: embed (None: prep.embed.EmbedPreparer)

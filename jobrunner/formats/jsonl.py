@@ -8,23 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.formats.base import Format
-from jobrunner.io.fs import open_file
+from jobrunner.formats.lines import read_lines
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowError, RowRef
 
-BOM = b"\xef\xbb\xbf"
-
 
 def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
-    with open_file(file) as f:
-        row = 0
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            ref = RowRef(file, row, line=lineno)
-            row += 1
-            # Windows tools (and Azure's samples) start a file with a UTF-8 byte-order mark.
-            yield parse_json_line(raw.removeprefix(BOM) if lineno == 1 else raw, ref)
+    return read_lines(file, parse_json_line)
 
 
 def parse_json_line(raw: bytes, ref: RowRef) -> Item:
@@ -78,6 +68,7 @@ FORMAT = Format(
     "jsonl",
     suffixes=(".jsonl", ".ndjson", ".json"),
     read=read_jsonl,
+    parse_line=parse_json_line,
     write=write_jsonl,
     suffix=".jsonl",
 )

@@ -9,11 +9,12 @@ from jobrunner.formats.base import Format
 from jobrunner.formats.openai_batch.embeddings import OpenAIEmbedPreparer
 from jobrunner.formats.openai_batch.output import error_record, finalize
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
-from jobrunner.formats.openai_batch.read import claims, read_openai_batch
+from jobrunner.formats.openai_batch.read import claims, parse_batch_line, read_openai_batch
 
 FORMAT = Format(
     "openai-batch",
     read=read_openai_batch,
+    parse_line=parse_batch_line,
     claims=claims,
     preparer=OpenAIPreparer,
     embed_preparer=OpenAIEmbedPreparer,

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from jobrunner.formats.jsonl import read_jsonl
+from jobrunner.formats.jsonl import parse_json_line
+from jobrunner.formats.lines import read_lines
 from jobrunner.io.fs import open_file
 from jobrunner.io.readers import Item
 from jobrunner.prep.prepare import derived_id
-from jobrunner.types import RowError
+from jobrunner.types import RowError, RowRef
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -37,13 +38,17 @@ def endpoint(url: Any) -> str | None:
 
 
 def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
-    """JSONL lines; an unparseable line gets its derived id so a rerun does not redo it."""
-    for item in read_jsonl(file, batch_rows):
-        if isinstance(item, RowError):
-            item = BatchLineError(
-                item.code, item.message, item.source, derived_id(item.source), item.field
-            )
-        yield item
+    return read_lines(file, parse_batch_line)
+
+
+def parse_batch_line(raw: bytes, ref: RowRef) -> Item:
+    """A JSONL line; an unparseable one gets its derived id so a rerun does not redo it."""
+    item = parse_json_line(raw, ref)
+    if isinstance(item, RowError):
+        return BatchLineError(
+            item.code, item.message, item.source, derived_id(item.source), item.field
+        )
+    return item
 
 
 def claims(file: str, kind: str) -> bool:
