@@ -39,6 +39,23 @@ def test_scan_and_read_rows_from_s3(s3_env):
     assert [r.values["id"] for r in read_rows(f"{s3_env}/in/b.jsonl")] == ["b0", "a1"]
 
 
+def test_a_ray_block_reads_its_span_of_a_jsonl_object(s3_env):
+    """A worker seeks to its block's first line in the object itself (a ranged read)."""
+    from jobrunner.config import JobConfig
+    from jobrunner.executors.ray_blocks import plan_blocks, unpack_block
+    from jobrunner.formats import read_rows
+
+    url = f"{s3_env}/in/c.jsonl"
+    f, p = store.filesystem(url)
+    f.pipe_file(p, b"".join(b'{"id": "c%d", "prompt": "p%d"}\n' % (i, i) for i in range(7)))
+    cfg = JobConfig.model_validate({"input": {"path": url}})
+    plan = plan_blocks(cfg, skip_ids={"c2"}, block_rows=2)
+    got = [r for b in plan.blocks for r in unpack_block(b["payload"])[0]]
+    whole = [r for r in read_rows(url) if r.values["id"] != "c2"]
+    assert [(r.source, r.values) for r in got] == [(r.source, r.values) for r in whole]
+    assert len(plan.blocks) == 3
+
+
 # ------------------------------------------------------------------ the commit protocol
 
 
