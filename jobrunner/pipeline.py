@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 
+from jobrunner.collector import settled
 from jobrunner.config import JobConfig
 from jobrunner.io.committer import Committer
 from jobrunner.lifecycle import JobSummary, OpenRun, RunOptions, execute
@@ -54,7 +55,6 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
     run.stop.reraise()  # a signal during start-up whose exception a library swallowed
     grammar = getattr(engine, "compile_grammar", None)
     stream = PrepStream(cfg, started.loaded.tokenizer, run.skip_ids, compile_grammar=grammar)
-    stream.start()
     committer = _committer(run, started, rate, stream)
     committer.start_clock(since=t0)  # model load is paid for too, by every row
     progress = Progress(
@@ -63,11 +63,13 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
         prompt=stream,
         max_new_tokens=0 if cfg.task == "embed" else cfg.generation.max_new_tokens,
     )
-    try:
-        interrupted = _run_engine(engine, stream, committer, progress)
-    finally:
-        progress.close()
-    committer.commit(final=True)
+    with settled():  # fewer garbage collections while rows stream (collector.py)
+        stream.start()
+        try:
+            interrupted = _run_engine(engine, stream, committer, progress)
+        finally:
+            progress.close()
+        committer.commit(final=True)
     record = RunRecord.of_engine(
         cfg,
         started,

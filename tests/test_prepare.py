@@ -132,6 +132,9 @@ def test_the_dedup_key_tells_apart_rows_differing_in_any_sampling_field():
     fields = {f.name for f in dataclasses.fields(SamplingParams)} - {"temperature"}
     assert set(changed) == fields  # a new field must be added here (and distinguish rows)
     key = dedup_key(Request("a", [1, 2], base))
+    assert dedup_key(Request("c", [1, 2], SamplingParams())) == key  # an equal row, its own object
+    assert dedup_key(Request("d", [1, 2, 0], base)) != key
+    assert dedup_key(Request("e", [1, 2], base, meta={"dimensions": 8})) != key
     for name, value in changed.items():
         other = dedup_key(Request("b", [1, 2], dataclasses.replace(base, **{name: value})))
         assert other is not None and other != key, name

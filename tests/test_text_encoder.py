@@ -76,3 +76,38 @@ def test_another_pre_tokenizer_takes_the_batch_call(tok):
     assert not enc.fast
     texts = ["abc 123", "x  y"]
     assert enc.encode(texts, False) == batch_ids(other, texts)
+
+
+def test_texts_near_added_tokens_equal_the_batch_call(tok, encoder):
+    texts = ["a < b <= c", "x<|im_end|>y", "<im_start> <|im_start", "tail <|endoftext|>"]
+    assert encoder.encode(texts, False) == batch_ids(tok, texts)
+
+
+def test_a_full_piece_cache_keeps_exact_ids(tok, monkeypatch):
+    import jobrunner.prep.tokens as tokens
+
+    monkeypatch.setattr(tokens, "MAX_CACHED", 8)
+    enc = TextEncoder(tok)
+    texts = [f"Write one word that rhymes with apple {n}." for n in range(40)]
+    assert enc.encode(texts, False) == batch_ids(tok, texts)
+    assert len(enc._cache) <= 8  # the oldest half went each time it filled
+    assert enc.encode(texts[:3], False) == batch_ids(tok, texts[:3])
+
+
+def test_numbers_are_their_digits_tokens_where_no_token_merges_digits(tok, encoder):
+    from jobrunner.prep.tokens import digit_ids
+
+    texts = ["r000123 9", " 1000000.", "x1 22 333.\n 4444 55555 0", "12abc34 5,6"]
+    assert encoder.encode(texts, False) == batch_ids(tok, texts)
+    spec = {"model": {"vocab": {c: k for k, c in enumerate(" 0123456789Ġ")}}}
+    assert digit_ids(spec) is not None
+    spec["model"]["vocab"]["Ġ1"] = 99  # a token merging a digit: every number takes BPE
+    assert digit_ids(spec) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(alphabet=st.sampled_from(list("0123456789 a.\n")), max_size=30), min_size=1)
+)
+def test_any_digit_text_equals_the_batch_call(tok, encoder, texts):
+    assert encoder.encode(texts, False) == batch_ids(tok, texts)

@@ -50,8 +50,13 @@ def derived_name(file: str, root: Path | str | None) -> str:
 
 def row_seed(seed: int, row_id: str) -> int:
     """A per-row seed: the same row and job seed sample the same text in any batch."""
-    digest = hashlib.blake2b(f"{seed}\x00{row_id}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(_seed_prefix(seed) + row_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_prefix(seed: int) -> bytes:
+    return f"{seed}\x00".encode()
 
 
 def sampling_params(cfg: JobConfig) -> SamplingParams:
@@ -321,13 +326,13 @@ class Preparer:
     def _columns(self, raw: RawRow) -> dict[str, Any]:
         if not self.cfg.output.keep_input_columns:
             return {}
-        skip = self.cfg.input.id_column
+        cols = raw.values.copy()
         # A string id is the `id` column already; another type (an integer) keeps its column.
-        return {
-            (f"input_{k}" if k in RESULT_COLUMNS else k): v
-            for k, v in raw.values.items()
-            if k != skip or not isinstance(v, str)
-        }
+        if isinstance(cols.get(self.cfg.input.id_column), str):
+            del cols[self.cfg.input.id_column]
+        if RESULT_COLUMNS.isdisjoint(cols):  # the usual row: no renaming, no per-key loop
+            return cols
+        return {(f"input_{k}" if k in RESULT_COLUMNS else k): v for k, v in cols.items()}
 
 
 def row_failure(

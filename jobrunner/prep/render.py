@@ -70,7 +70,7 @@ class Framed(str):
 
 def _plain(text: str) -> bool:
     """No surrounding whitespace and no leading markup: what FRAME_PROBES vouch for."""
-    return text == text.strip() and text[0] not in "<[/{#@!"
+    return not (text[0].isspace() or text[-1].isspace()) and text[0] not in "<[/{#@!"
 
 
 class PromptRenderer:
@@ -93,7 +93,7 @@ class PromptRenderer:
         if p.messages_column:
             return self.chat(self._messages(values, p.messages_column))
         text = self._column_text(values, p.column) if p.column else self._template(values)
-        if not text.strip():
+        if not text or text.isspace():
             raise RenderError("empty_prompt", "the prompt is empty or whitespace only", p.column)
         if not self.use_chat:
             return f"{self.cfg.system_prompt}\n\n{text}" if self.cfg.system_prompt else text

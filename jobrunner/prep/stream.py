@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import queue
 import threading
 from array import array
@@ -31,16 +30,28 @@ _END = object()
 CHECK_ROWS = 256  # rows checked against the committed ids at once (one vectorized lookup)
 
 
-def dedup_key(r: Request) -> bytes | None:
-    """Identical prompt and parameters under greedy decoding give identical output."""
+def dedup_key(r: Request) -> tuple[bytes, str] | None:
+    """Identical prompt and parameters under greedy decoding give identical output. The key is
+    the prompt's ids and the parameters themselves (no digest: equal keys are equal rows)."""
     if not r.sampling.greedy:
         return None
-    dims = r.meta.get("dimensions")  # an embedding's truncation (task: embed)
-    ids = r.prompt_token_ids
-    h = hashlib.blake2b(len(ids).to_bytes(8, "little"), digest_size=16)
-    h.update(array("q", ids).tobytes())
-    h.update(_settings_text(r.sampling, dims).encode())
-    return h.digest()
+    settings = _settings(r.sampling, r.meta.get("dimensions") if r.meta else None)
+    return array("q", r.prompt_token_ids).tobytes(), settings
+
+
+_last_settings: tuple[Any, Any, str] = (None, None, "")
+
+
+def _settings(sampling: SamplingParams, dims: Any) -> str:
+    """The parameters' repr; rows of one job share one SamplingParams object, so the last one
+    is kept by identity (hashing the dataclass per row cost more than the row's key)."""
+    global _last_settings
+    last = _last_settings
+    if last[0] is sampling and last[1] == dims:
+        return last[2]
+    out = _settings_text(sampling, dims)
+    _last_settings = (sampling, dims, out)
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -72,8 +83,8 @@ class Prep:
         self.window = cfg.engine.order_window if order else 0
         self._lock = threading.Lock()
         self._errors: list[RowError] = []
-        self._inflight: dict[bytes, list[Request]] = {}  # leader key -> followers
-        self._leader_key: dict[str, bytes] = {}
+        self._inflight: dict[tuple, list[Request]] = {}  # leader key -> followers
+        self._leader_key: dict[str, tuple] = {}
         self._skipped = 0  # rows the committed check dropped here (FreshRows counts its own)
         self.deduplicated = 0
         # progress: rows read (not skipped), prompt tokens they need prefilled

@@ -6,7 +6,8 @@ model encodes each piece alone. For ASCII text that regex has an exact ASCII for
 are split here by `re` and each distinct piece is encoded once by the tokenizer's own BPE model
 (`model.tokenize`) and then looked up: a corpus of short prompts repeats its words, and the
 per-text cost of the batch call (regex, offsets, one Encoding object a text) is most of its
-time. Every other text (non-ASCII, holding an added token's text, or when the tokenizer is of
+time. Where no token of the vocabulary holds a digit with anything else (SmolLM2's), a number
+is its digits' tokens, looked up without the BPE model or the cache (`digit_ids`). Every other text (non-ASCII, holding an added token's text, or when the tokenizer is of
 another design) goes through the fast tokenizer's batch call, as before.
 """
 
@@ -45,15 +46,39 @@ def _byte_chars() -> dict[str, str]:
 BYTE_CHARS = str.maketrans(_byte_chars())
 
 
+class PieceIds(dict):
+    """Pre-token -> its token ids by the BPE model, encoded on first lookup (`__missing__`), so
+    a text's ids are one lookup a piece; at most MAX_CACHED pieces are kept (past
+    that the older half is dropped: a corpus of unique numbers keeps its words cached)."""
+
+    def __init__(self, model: Any, digits: dict[str, int] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.digits = digits  # digit pieces by their characters' ids (`digit_ids`), not kept
+
+    def __missing__(self, piece: str) -> list[int]:
+        digits = self.digits
+        if digits is not None and (piece[1:] if piece[0] == " " else piece).isdigit():
+            return [digits[c] for c in piece]  # numbers are mostly unique: not cached
+        if len(self) >= MAX_CACHED:
+            for old in list(self)[: MAX_CACHED // 2]:  # insertion order: the oldest half
+                del self[old]
+        found = [t.id for t in self.model.tokenize(piece.translate(BYTE_CHARS))]
+        self[piece] = found
+        return found
+
+
 class TextEncoder:
     """`encode(texts, add_special_tokens)` -> token ids per text, equal to the fast tokenizer's
     batch call (module doc); thread-safe for one producer."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._model = _byte_level_model(tokenizer)
+        spec = _spec(tokenizer)
+        self._model = _byte_level_model(tokenizer, spec)
         self._added = _added_tokens(tokenizer) if self._model is not None else None
-        self._cache: dict[str, list[int]] = {}
+        self._added_starts = _added_starts(tokenizer) if self._added is not None else ""
+        self._cache = PieceIds(self._model, digit_ids(spec) if self._model is not None else None)
         self._bare_special = self._model is not None and _specials_add_nothing(tokenizer)
         if self._model is not None and not self._agrees():
             self._model = None
@@ -77,37 +102,41 @@ class TextEncoder:
 
     def _ids(self, text: str) -> list[int] | None:
         """The text's ids by its pre-tokens, or None when it is not of the fast form."""
-        if not text.isascii() or (self._added is not None and self._added.search(text)):
+        if not text.isascii() or (self._added is not None and self._holds_added(text)):
             return None
         cache, ids = self._cache, []
         for piece in ASCII_SPLIT.findall(text):
-            found = cache.get(piece)
-            if found is None:
-                found = self._encode_piece(piece)
-            ids += found
+            ids += cache[piece]
         return ids
 
-    def _encode_piece(self, piece: str) -> list[int]:
-        if len(self._cache) >= MAX_CACHED:
-            self._cache = {}
-        found = [t.id for t in self._model.tokenize(piece.translate(BYTE_CHARS))]
-        self._cache[piece] = found
-        return found
+    def _holds_added(self, text: str) -> bool:
+        """Whether an added token's text is in `text`; the pattern runs only when a character
+        such a token starts with is there (SmolLM2's all start with "<")."""
+        for c in self._added_starts:
+            if c in text:
+                return self._added.search(text) is not None
+        return not self._added_starts
 
     def _agrees(self) -> bool:
         batch = self.tokenizer(list(PROBES), add_special_tokens=False)["input_ids"]
         return all(self._ids(p) == list(ids) for p, ids in zip(PROBES, batch, strict=True))
 
 
-def _byte_level_model(tokenizer: Any) -> Any:
-    """The BPE model of a fast tokenizer made of no normalizer and the plain GPT-2 byte-level
-    pre-tokenizer; None for any other tokenizer."""
+def _spec(tokenizer: Any) -> dict | None:
+    """The fast tokenizer's own description (tokenizer.json), or None."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or not hasattr(backend, "to_str"):
         return None
     try:
-        spec = json.loads(backend.to_str())
+        return json.loads(backend.to_str())
     except Exception:  # a backend that cannot describe itself takes the batch call
+        return None
+
+
+def _byte_level_model(tokenizer: Any, spec: dict | None) -> Any:
+    """The BPE model of a fast tokenizer made of no normalizer and the plain GPT-2 byte-level
+    pre-tokenizer; None for any other tokenizer."""
+    if spec is None:
         return None
     pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
     plain = (
@@ -120,7 +149,25 @@ def _byte_level_model(tokenizer: Any) -> Any:
         and not spec.get("truncation")
         and not spec.get("padding")
     )
-    return backend.model if plain else None
+    return tokenizer._tokenizer.model if plain else None
+
+
+def digit_ids(spec: dict) -> dict[str, int] | None:
+    """{" " and each digit: its one token id} when no other token of the vocabulary holds a
+    digit (SmolLM2's), so BPE can never merge one: a piece " 123" is then the space's token and
+    one token a digit, with no BPE call; None where a token holds digits with more."""
+    model = spec.get("model") or {}
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or model.get("continuing_subword_prefix"):
+        return None
+    if model.get("end_of_word_suffix"):
+        return None
+    chars = {c: c.translate(BYTE_CHARS) for c in " 0123456789"}
+    if any(v not in vocab for v in chars.values()):
+        return None
+    if any(len(t) > 1 and any(d in t for d in "0123456789") for t in vocab):
+        return None
+    return {c: vocab[v] for c, v in chars.items()}
 
 
 def _added_tokens(tokenizer: Any) -> re.Pattern | None:
@@ -129,6 +176,13 @@ def _added_tokens(tokenizer: Any) -> re.Pattern | None:
         {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}, key=len
     )
     return re.compile("|".join(map(re.escape, contents[::-1]))) if contents else None
+
+
+def _added_starts(tokenizer: Any) -> str:
+    """The first characters of the added tokens' texts, if few (else "": always search)."""
+    contents = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+    starts = {c[0] for c in contents if c}
+    return "".join(sorted(starts)) if len(starts) <= 4 and all(contents) else ""
 
 
 def _specials_add_nothing(tokenizer: Any) -> bool:
