@@ -21,6 +21,7 @@ from typing import Any
 
 from jobrunner.config import JobConfig
 from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, pick_dtype
+from jobrunner.engine.samples import num_runs
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
@@ -45,8 +46,9 @@ class Scan:
     unique_bounds: list[int] = field(default_factory=list)  # the same, duplicates once
     unique_prompts: list[int] = field(default_factory=list)  # prompt tokens, duplicates once
     computed_prompt_tokens: int = 0  # unique rows, less the prefix-cache hits
-    unique_rows: list[tuple[int, int, int, bool]] = field(default_factory=list)  # (prompt,
-    # computed, max completion, can stop early) per unique row, in input order
+    unique_rows: list[tuple[int, int, int, bool, int]] = field(default_factory=list)  # (prompt,
+    # computed, max completion, can stop early, choices it returns) per computation of a unique
+    # row, in input order: a row with n samples is n computations (a greedy one is one, n choices)
     deduplicated: int = 0
     sample: list[Any] = field(default_factory=list)  # reservoir of requests for calibration
 
@@ -61,9 +63,10 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
             s.invalid += 1
             continue
         n = item.num_prompt_tokens
-        bound = max(0, min(item.sampling.max_new_tokens, cfg.model.max_model_len - n))
+        bound = _bound(item, cfg, tokenizer)
+        runs = num_runs(item)
         s.prompt_tokens += n
-        s.bounds.append(bound)
+        s.bounds.append(bound * item.sampling.n)
         key = dedup_key(item)
         if key is not None and key in seen_keys:
             s.deduplicated += 1
@@ -72,11 +75,34 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
             seen_keys.add(key)
         s.unique_bounds.append(bound)
         s.unique_prompts.append(n)
-        computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks)
-        s.computed_prompt_tokens += computed
-        s.unique_rows.append((n, computed, bound, not item.sampling.ignore_eos))
+        for _ in range(runs):  # sample k > 0 finds the prompt's full blocks cached (samples.py)
+            computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks)
+            s.computed_prompt_tokens += computed
+            s.unique_rows.append((n, computed, bound, _can_stop(item), item.sampling.n // runs))
         _reservoir(s.sample, item, len(s.unique_bounds), sample_size, rng)
     return s
+
+
+def _bound(item: Any, cfg: JobConfig, tokenizer: Any) -> int:
+    """Most completion tokens one sample of this row can produce: max_new_tokens within the
+    context, and for a `choice` grammar the longest label (and its end token)."""
+    room = cfg.model.max_model_len - item.num_prompt_tokens
+    bound = max(0, min(item.sampling.max_new_tokens, room))
+    if _is_choice(item):
+        labels = json.loads(item.sampling.structured.source)
+        longest = max(len(tokenizer.encode(t, add_special_tokens=False)) for t in labels)
+        bound = min(bound, longest + 1)
+    return bound
+
+
+def _can_stop(item: Any) -> bool:
+    """Whether the row may end before its bound (a label's length is its bound already)."""
+    return not item.sampling.ignore_eos and not _is_choice(item)
+
+
+def _is_choice(item: Any) -> bool:
+    spec = item.sampling.structured
+    return spec is not None and spec.kind == "choice"
 
 
 def _cached(ids: list[int], cfg: JobConfig, seen: set[int], add_to: set[int] | None = None) -> int:
@@ -129,8 +155,9 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
         share = profile.completion_share
         how = f"this device's profile: rows that may stop used {share:.0%} of max_new_tokens"
     model = step_model(cfg, device, profile)
-    rows = [(p, c, _completion(b, stops, share)) for p, c, b, stops in scan.unique_rows]
+    rows = [(p, c, _completion(b, stops, share)) for p, c, b, stops, _ in scan.unique_rows]
     completions = [r[2] for r in rows]
+    returned = sum(r[2] * u[4] for r, u in zip(rows, scan.unique_rows, strict=True))
     if cfg.engine.kind == "static":
         prompts = [r[0] for r in rows]
         forward = model.forward_seconds(
@@ -145,7 +172,7 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
     overhead = _overheads(profile, steps, scan.rows)
     wall = model.load_s + forward + overhead
     cost = wall * rate.usd_per_hour / 3600
-    expected = sum(completions) + _follower_completions(scan, share)
+    expected = returned + _follower_completions(scan, share)
     tokens = scan.prompt_tokens + expected
     apis = api_equivalent(scan.prompt_tokens, round(expected), cost, api_prices(cfg.cost))
     return {
@@ -161,6 +188,7 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
         "cached_tokens": scan.prompt_tokens - scan.computed_prompt_tokens,  # dedup + prefix cache
         "completion_tokens": round(expected),
         "completion_tokens_max": sum(scan.bounds),
+        "decode_tokens": sum(completions),  # generated by the engine (a greedy row's n once)
         "completion_source": how,
         "steps": steps,
         "wall_seconds": wall,
@@ -185,8 +213,8 @@ def _completion(bound: int, can_stop: bool, share: float | None) -> int:
 
 
 def _follower_completions(scan: Scan, share: float | None) -> float:
-    """Duplicates produce their leader's tokens (scan.bounds counts every valid row)."""
-    unique = sum(b for _, _, b, _ in scan.unique_rows)
+    """Duplicates produce their leader's tokens (scan.bounds counts every valid row's n)."""
+    unique = sum(b * copies for _, _, b, _, copies in scan.unique_rows)
     extra = sum(scan.bounds) - unique
     return extra * (share if share is not None else 1.0)
 
@@ -230,6 +258,7 @@ def calibrate_run(cfg: JobConfig, sample: list[Any], key: str) -> float:
     loaded = load_model(cfg.model)
     apply_quantization(loaded, cfg.model)  # calibrate the speed of the weights the job will run
     engine = make_engine(loaded, cfg)
+    engine.warm_up()  # as start_engine does: its one-off work is load time
     load_s = time.monotonic() - t0
     # Two batch sizes, so the fit can tell the fixed cost of a step from each sequence's share.
     cut = max(1, len(sample) // 3)
@@ -238,7 +267,7 @@ def calibrate_run(cfg: JobConfig, sample: list[Any], key: str) -> float:
     ]
     by_id = {r.id: r for r in sample}
     used = [
-        (r.usage.completion_tokens, by_id[r.id].sampling.max_new_tokens)
+        (r.usage.completion_tokens, by_id[r.id].sampling.max_new_tokens * by_id[r.id].sampling.n)
         for r in results
         if r.ok and not by_id[r.id].sampling.ignore_eos
     ]

@@ -140,7 +140,7 @@ def _record_profile(cfg: JobConfig, device, engine, committer: Committer, run: R
     """This run's measured steps go to the device profile the next estimate fits (telemetry)."""
     ledger = committer.ledger
     can_stop = not cfg.generation.ignore_eos and cfg.input.format != "openai-batch"
-    bound = ledger.computations * cfg.generation.max_new_tokens
+    bound = ledger.computations * cfg.generation.max_new_tokens * cfg.generation.n
     try:
         profile.record(
             profile.profile_key(cfg, device),

@@ -139,3 +139,41 @@ def test_kv_bytes_per_token_follow_the_cache_format_not_the_weights(model, want)
     for k, v in model.items():
         setattr(cfg.model, k, v)
     assert kv_bytes_per_token(cfg) == want
+
+
+def _estimate(job, *sets: str) -> dict:
+    args = ["estimate", str(job)]
+    for s in sets:
+        args += ["--set", s]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads((job.parent / "out" / "estimate.json").read_text())
+
+
+def test_n_samples_multiply_the_decode_work_and_the_cost(job, monkeypatch):
+    _forbid_weights(monkeypatch)
+    one = _estimate(job, "generation.temperature=0.8")
+    three = _estimate(job, "generation.temperature=0.8", "generation.n=3")
+    # Sampled: no dedup, each of the 4 valid rows runs 3 times and returns 3 x 6 tokens.
+    assert (one["deduplicated"], three["deduplicated"]) == (0, 0)
+    assert one["completion_tokens"] == one["completion_tokens_max"] == 4 * 6
+    assert three["completion_tokens"] == three["completion_tokens_max"] == 3 * 4 * 6
+    # samples 1 and 2 of a row find its prompt's full blocks in the prefix cache
+    assert one["computed_prompt_tokens"] < three["computed_prompt_tokens"]
+    assert three["computed_prompt_tokens"] < 3 * one["computed_prompt_tokens"]
+    assert (one["decode_tokens"], three["decode_tokens"]) == (4 * 6, 3 * 4 * 6)
+    assert three["forward_seconds"] > one["forward_seconds"]
+    assert three["cost_usd"] > one["cost_usd"]
+    # Greedy: the n choices are one computation, but each is returned (and counted).
+    greedy = _estimate(job, "generation.n=3")
+    plain = _estimate(job)
+    assert greedy["completion_tokens"] == 3 * plain["completion_tokens"] == 3 * 4 * 6
+    assert greedy["computed_prompt_tokens"] == plain["computed_prompt_tokens"]
+    assert greedy["decode_tokens"] == plain["decode_tokens"] == 3 * 6  # the duplicate runs once
+    assert greedy["forward_seconds"] == pytest.approx(plain["forward_seconds"])
+
+
+def test_a_choice_grammar_bounds_completions_by_its_longest_label(job, monkeypatch):
+    _forbid_weights(monkeypatch)
+    est = _estimate(job, 'generation.choice=["yes", "no"]')
+    assert est["completion_tokens"] == est["completion_tokens_max"] == 4 * 2  # a label and EOS

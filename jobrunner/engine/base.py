@@ -72,6 +72,10 @@ class Engine:
     def stop_requested(self) -> bool:
         return self._stop_requested
 
+    def warm_up(self) -> None:
+        """Do the one-off work of a first step before the first row (engine/start.py calls it,
+        inside the load time). Default: nothing."""
+
     def request_stop(self) -> None:
         """Stop admitting work; generate() returns soon, dropping unfinished rows (rerun redoes them)."""
         self._stop_requested = True

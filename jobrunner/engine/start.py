@@ -42,4 +42,5 @@ def start_engine(
     weights = prepare_weights(loaded, cfg)
     engine = make_engine(loaded, cfg)
     check_engine(engine, cfg)
+    engine.warm_up()
     return StartedEngine(loaded, engine, weights, time.monotonic() - t0)
