@@ -231,6 +231,7 @@ def step_model(cfg: JobConfig, device, profile: DeviceProfile | None) -> StepMod
         load_s=fit.load_s,
         decode_token_s=fit.decode_token_s,
         context_token_s=fit.context_token_s,
+        prefill_context_s=fit.prefill_context_s,
         source=f"this device's profile: {len(profile.steps)} engine steps measured here",
     )
 

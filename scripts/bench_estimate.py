@@ -10,6 +10,14 @@ First `jobrunner estimate --calibrate N` measures this device into a fresh profi
 estimate, the run in a fresh process, and the estimate's error on wall time and cost as the
 run's report states it. Each run adds its steps to the profile, as every run does.
 
+Other jobs on the machine change its speed from minute to minute, which no estimate can know.
+So the bench waits (up to --wait seconds) for the 1-minute load average to fall below
+--quiet-below before each workload, prints the load average around each run, and separates the
+two errors: `speed` is the run's measured step time over what the estimate's step model says
+for those same steps (1.00: the machine ran as fast as when the profile was measured), and
+`at run speed` is the wall-time error once the forward time is scaled by it, the error of the
+model itself (the replayed steps, the step-time terms, load and overheads).
+
     python scripts/bench_estimate.py                 # 24 rows each, the whole quickstart
     python scripts/bench_estimate.py --rows 16 --quickstart-rows 64
 """
@@ -23,10 +31,13 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import yaml
+
+from jobrunner.telemetry.throughput import StepModel
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = "engine: {kind: paged}"
@@ -93,6 +104,30 @@ def cli(*args: str, env: dict) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def wait_for_quiet(below: float, wait: float) -> float:
+    """The 1-minute load average, once it is below `below` or `wait` seconds have passed."""
+    end = time.monotonic() + wait
+    while os.getloadavg()[0] >= below and time.monotonic() < end:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def speed(out: Path, throughput: dict) -> float:
+    """The run's measured step seconds over the estimate's step model on the same steps."""
+    model = StepModel(**throughput)
+    steps = pq.read_table(out / "telemetry" / "steps.parquet").to_pylist()
+    predicted = sum(
+        model.step_seconds(
+            s["prefill_tokens"] or 0,
+            s["decode_tokens"] or 0,
+            int(s["kv_blocks_used"] or 0) * 16 if s["decode_tokens"] else 0,
+            s.get("prefill_context_tokens") or 0,
+        )
+        for s in steps
+    )
+    return sum(s["step_seconds"] for s in steps) / predicted if predicted else float("nan")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=24, help="rows of the mixed and shared workloads")
@@ -100,6 +135,8 @@ def main() -> int:
     ap.add_argument("--quickstart-rows", type=int, default=0, help="0: all of it")
     ap.add_argument("--calibrate", type=int, default=8, help="rows sampled by --calibrate")
     ap.add_argument("--only", nargs="*", default=["mixed", "shared", "quickstart"])
+    ap.add_argument("--quiet-below", type=float, default=1.0, help="1-minute load average")
+    ap.add_argument("--wait", type=float, default=300, help="most seconds to wait for it")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-estimate-"))
     env = {**os.environ, "JOBRUNNER_NO_PROGRESS": "1", "JOBRUNNER_PROFILE_DIR": str(tmp / "p")}
@@ -111,22 +148,33 @@ def main() -> int:
             job_text(name, tmp / f"{name}.jsonl", tmp / f"out-{name}", args.new_tokens, True)
         )
     jobs["quickstart"] = quickstart_job(tmp, args.quickstart_rows or None)
+    load = wait_for_quiet(args.quiet_below, args.wait)
     cli("estimate", str(jobs["quickstart"]), "--calibrate", str(args.calibrate), env=env)
-    print(f"profile calibrated on {args.calibrate} quickstart rows in {tmp / 'p'}")
     print(
-        f"{'workload':<11} {'rows':>5} {'wall est':>9} {'wall run':>9} {'error':>7}"
-        f" {'cost est':>10} {'cost run':>10} {'error':>7}"
+        f"profile calibrated on {args.calibrate} quickstart rows in {tmp / 'p'}"
+        f" (load average {load:.2f} before, {os.getloadavg()[0]:.2f} after)"
+    )
+    print(
+        f"{'workload':<11} {'rows':>5} {'load':>9} {'wall est':>9} {'wall run':>9} {'error':>7}"
+        f" {'cost est':>10} {'cost run':>10} {'error':>7} {'speed':>6} {'at run speed':>12}"
     )
     for name in args.only:
+        load = wait_for_quiet(args.quiet_below, args.wait)
         cli("estimate", str(jobs[name]), env=env)  # uncalibrated: the profile only
         cli("run", str(jobs[name]), env=env)
-        report = json.loads((tmp / f"out-{name}" / "report.json").read_text())
+        loads = f"{load:.1f}-{os.getloadavg()[0]:.1f}"
+        out = tmp / f"out-{name}"
+        report = json.loads((out / "report.json").read_text())
+        est = json.loads((out / "estimate.json").read_text())
         fig = report["estimate"]["figures"]
         w, c = fig["wall_seconds"], fig["cost_usd"]
+        k = speed(out, est["throughput"])
+        at_speed = w["predicted"] + est["forward_seconds"] * (k - 1)
         print(
-            f"{name:<11} {fig['rows']['actual']:>5} {w['predicted']:>8.1f}s {w['actual']:>8.1f}s"
-            f" {w['error_fraction']:>+7.1%} {c['predicted']:>10.6f} {c['actual']:>10.6f}"
-            f" {c['error_fraction']:>+7.1%}",
+            f"{name:<11} {fig['rows']['actual']:>5} {loads:>9} {w['predicted']:>8.1f}s"
+            f" {w['actual']:>8.1f}s {w['error_fraction']:>+7.1%} {c['predicted']:>10.6f}"
+            f" {c['actual']:>10.6f} {c['error_fraction']:>+7.1%} {k:>6.2f}"
+            f" {at_speed / w['actual'] - 1:>+12.1%}",
             flush=True,
         )
     return 0

@@ -161,7 +161,32 @@ def test_fit_separates_fixed_prefill_and_per_sequence_decode_time():
         load_s=0.0,
         rows=3,
     )
-    assert m.decode_token_s == 0.0 and m.step_s == pytest.approx(0.8)
+    assert m.decode_token_s == 0.0 and m.step_s == pytest.approx(0.8, rel=0.05)
+
+
+def test_fit_weighs_steps_by_relative_error_and_leaves_out_steps_slowed_by_load():
+    def step(p, d, blocks, attended=0, slowed=1.0):
+        return {
+            "batch_tokens": p + d,
+            "prefill_tokens": p,
+            "decode_tokens": d,
+            "prefill_context_tokens": attended,
+            "kv_blocks_used": blocks,
+            "step_seconds": slowed
+            * (0.03 + 0.0012 * p + 0.0015 * d + 2e-5 * blocks * 16 * (d > 0) + 3e-6 * attended),
+        }
+
+    quiet = [step(0, d, (10 + 7 * j) * d + 20 * j) for d in (1, 2, 4, 8, 16, 32) for j in range(3)]
+    quiet += [step(p, 0, p // 16, p * (p + 1) // 2) for p in (100, 400, 800)]
+    quiet += [step(4 * p, 0, p // 4, 4 * p * (p + 1) // 2) for p in (100, 300)]
+    # Another job took the cores for a few steps: 3 to 8 times as slow.
+    loaded = [step(0, 16, 160, slowed=3.0), step(0, 4, 40, slowed=8.0), step(400, 0, 25, 80200, 5)]
+    m = fit_step_model(quiet + loaded, load_s=0.0, rows=0)
+    assert (m.step_s, m.token_s, m.decode_token_s, m.context_token_s, m.prefill_context_s) == (
+        pytest.approx((0.03, 0.0012, 0.0015, 2e-5, 3e-6), rel=1e-6)
+    )
+    # The short decode steps set the per-sequence cost even beside long prefill steps.
+    assert m.step_seconds(0, 32, 320 * 16) == pytest.approx(0.03 + 0.048 + 0.1024)
 
 
 def test_fit_finds_the_attention_cost_of_long_contexts():

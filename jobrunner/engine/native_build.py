@@ -7,6 +7,7 @@ the same bytes, and the library appears by an atomic rename.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -20,12 +21,10 @@ from jobrunner.engine.resolve import writable_cache_dir
 
 def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
     """The cached `jobrunner-<name>-<key>.so` built from `sources` (RuntimeError if it fails)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    code = b"".join(src.read_bytes() for src in [*sources, *headers])
-    key = hashlib.sha256(code + version.stdout.encode() + cpu_flags()).hexdigest()
+    key = library_key(sources, headers)
     target = writable_cache_dir() / "kernels" / f"jobrunner-{name}-{key[:16]}.so"
     if target.exists():
         return target
@@ -40,6 +39,24 @@ def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
         raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
     os.replace(tmp, target)
     return target
+
+
+def library_key(sources: list[Path], headers: list[Path]) -> str:
+    """What the built library's bytes depend on: the sources, the compiler's version and this
+    CPU's flags (also what a device profile's speed depends on: telemetry/profile.py)."""
+    cc = _compiler()
+    version = _compiler_version(cc) if cc else "no compiler"
+    code = b"".join(src.read_bytes() for src in [*sources, *headers])
+    return hashlib.sha256(code + version.encode() + cpu_flags()).hexdigest()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
 
 
 def cpu_flags() -> bytes:

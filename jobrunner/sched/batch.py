@@ -63,3 +63,14 @@ class ScheduledBatch:
     @property
     def num_prefill_tokens(self) -> int:
         return self.num_tokens - self.num_decode_tokens
+
+    @property
+    def num_prefill_context_tokens(self) -> int:
+        """Over the prompt tokens computed in this step, the context each attends to (every
+        earlier token and itself): what prefill attention reads, quadratic in a chunk's length."""
+        total = 0
+        for i, seq in enumerate(self.seqs):
+            s, n = self.start_positions[i], self.num_new_tokens[i]
+            if s < seq.num_prompt_tokens:
+                total += n * s + n * (n + 1) // 2
+        return total

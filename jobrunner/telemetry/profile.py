@@ -10,6 +10,7 @@ fits its step model to those steps instead of a spec-sheet guess.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,11 +23,20 @@ from typing import Any
 
 MAX_STEPS = 4000  # newest steps kept: enough for a stable fit, small enough to refit at once
 MAX_RUNS = 20  # newest per-run figures kept
-STEP_KEYS = ("prefill_tokens", "decode_tokens", "batch_tokens", "kv_blocks_used", "step_seconds")
+KERNELS_ENV = "JOBRUNNER_CPU_KERNELS"  # "0": the paged engine's torch paths (cpu_kernels.py)
+STEP_KEYS = (
+    "prefill_tokens",
+    "decode_tokens",
+    "prefill_context_tokens",
+    "batch_tokens",
+    "kv_blocks_used",
+    "step_seconds",
+)
 
 
 def profile_key(cfg, device) -> str:
-    """What decides the speed of a step: the device, the model, its formats and the engine."""
+    """What decides the speed of a step: the device, the model, its formats, the engine, and
+    the software that runs it (so a new torch or new kernels start a new profile)."""
     m, e = cfg.model, cfg.engine
     return "|".join(
         str(x)
@@ -43,8 +53,30 @@ def profile_key(cfg, device) -> str:
             e.max_num_seqs,
             e.block_size,
             e.num_threads,
+            software_key(device.kind),
         )
     )
+
+
+@functools.cache
+def software_key(device_kind: str) -> str:
+    """torch's version and, on a CPU, the native kernels' library key (their sources, the
+    compiler and this CPU's flags: engine/native_build.py), or that they are off."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch = f"torch {version('torch')}"
+    except PackageNotFoundError:
+        torch = "no torch"
+    if device_kind != "cpu":
+        return torch
+    if os.environ.get(KERNELS_ENV, "1") == "0":
+        return f"{torch}, kernels off"
+    from jobrunner.engine import native_build
+
+    csrc = Path(native_build.__file__).with_name("paged") / "csrc"
+    key = native_build.library_key(sorted(csrc.glob("*.c")), sorted(csrc.glob("*.h")))
+    return f"{torch}, kernels {key[:16]}"
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Each simulated step does what sched.Scheduler does: the running rows take their next tokens in
 admission order (a decode token each, or the next chunk of their prompt) under the token budget,
 then waiting rows are admitted while the budget and max_num_seqs allow. The step's time comes
-from a StepModel (fixed + per prompt token + per decode token + per token of KV in use). Jobs
+from a StepModel (fixed + per prompt token + per decode token + per token of KV in use + per
+token a prompt token attends to). Jobs
 too long to replay whole are replayed for their first rows and scaled by rows.
 """
 
@@ -71,13 +72,15 @@ def _run(rows, model: StepModel, max_num_seqs: int, budget_tokens: int, block_si
             n = min(r.todo, budget)
             batch.append((r, n))
             budget -= n
+        attended = 0  # what the prompt tokens attend to (ScheduledBatch.num_prefill_context_tokens)
         for r, n in batch:
             if r.decoding:
                 decode += n
             else:
                 prefill += n
+                attended += n * r.kv + n * (n + 1) // 2
         kv = sum(-(-(r.kv + n) // block_size) for r, n in batch) * block_size if decode else 0
-        seconds += model.step_seconds(prefill, decode, kv)
+        seconds += model.step_seconds(prefill, decode, kv, attended)
         steps += 1
         for r, n in batch:
             r.kv += n

@@ -56,6 +56,7 @@ class StepModel:
     source: str  # where the numbers come from, in words
     decode_token_s: float | None = None  # seconds per decoding sequence per step (None: token_s)
     context_token_s: float = 0.0  # seconds per context token a decoding sequence attends to
+    prefill_context_s: float = 0.0  # seconds per context token a prompt token attends to
 
     def forward_seconds(
         self,
@@ -77,14 +78,18 @@ class StepModel:
             + context * self.context_token_s
         )
 
-    def step_seconds(self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0) -> float:
-        """One paged-engine step: `kv_tokens` is the KV cache in use while rows decode."""
+    def step_seconds(
+        self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, prefill_context: int = 0
+    ) -> float:
+        """One paged-engine step: `kv_tokens` is the KV cache in use while rows decode,
+        `prefill_context` what its prompt tokens attend to (ScheduledBatch)."""
         per_decode = self.token_s if self.decode_token_s is None else self.decode_token_s
         return (
             self.step_s
             + prefill_tokens * self.token_s
             + decode_tokens * per_decode
             + kv_tokens * self.context_token_s
+            + prefill_context * self.prefill_context_s
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -123,48 +128,78 @@ def roofline_model(
 def fit_step_model(
     steps: list[dict[str, Any]], load_s: float, rows: int, block_size: int = 16
 ) -> StepModel:
-    """Non-negative least squares of step_seconds on (1, prefill tokens, decode tokens, context).
+    """Non-negative least squares of step_seconds on (1, prefill tokens, decode tokens, decode
+    context, prefill context), in relative error, steps slowed by other load left out.
 
-    Context is the KV cache in use during a decode step (blocks x block_size), which is what
-    the step's attention reads.
+    Decode context is the KV cache in use during a decode step (blocks x block_size), which is
+    what the step's attention reads; prefill context is what its prompt tokens attend to.
+    Relative error, so that the many short decode steps weigh as much as a few long prefill
+    steps (in seconds those would set every term); then the steps over TRIM x the fit's time
+    (another job took the cores for a while) are dropped and the fit is made again, until no
+    more are dropped.
     """
-    timed = [s for s in steps if s.get("batch_tokens") and s.get("step_seconds") is not None]
+    timed = [s for s in steps if s.get("batch_tokens") and s.get("step_seconds")]
     if not timed:
         raise ValueError("the calibration run logged no engine steps")
     split = all(s.get("prefill_tokens") is not None for s in timed)
-    if split:  # the paged engine
-        pts = [
-            (
-                1.0,
-                float(s["prefill_tokens"]),
-                float(s["decode_tokens"] or 0),
-                float((s.get("kv_blocks_used") or 0) * block_size) if s["decode_tokens"] else 0.0,
-                float(s["step_seconds"]),
-            )
-            for s in timed
-        ]
-    else:  # no prefill/decode split (the static engine): a step is a batch, tokens only
-        pts = [(1.0, float(s["batch_tokens"]), 0.0, 0.0, float(s["step_seconds"])) for s in timed]
-    a, b, c, d = nnls(pts)
+    pts = [_regressors(s, block_size) if split else _batch_only(s) for s in timed]
+    coef, kept = nnls(pts, relative=True), pts
+    for _ in range(TRIM_ROUNDS):
+        fewer = [p for p in pts if p[-1] <= TRIM * _predict(coef, p)]
+        if len(fewer) == len(kept) or len(fewer) < len(coef):
+            break
+        coef, kept = nnls(fewer, relative=True), fewer
+    a, b, c, d, e = coef
     return StepModel(
         step_s=a,
         token_s=b,
         load_s=load_s,
         decode_token_s=c if split else None,
         context_token_s=d,
+        prefill_context_s=e,
         source=f"calibrated: {rows} sampled rows, {len(pts)} engine steps measured on this machine",
     )
 
 
-def nnls(pts: list[tuple[float, ...]]) -> tuple[float, ...]:
+TRIM = 2.0  # a step this many times slower than the fit says was slowed by something else
+TRIM_ROUNDS = 4  # refits, each without the steps the last one found slowed
+
+
+def _regressors(s: dict[str, Any], block_size: int) -> tuple[float, ...]:
+    """The paged engine's step: (1, prefill, decode, decode context, prefill context, seconds)."""
+    decode = float(s["decode_tokens"] or 0)
+    return (
+        1.0,
+        float(s["prefill_tokens"]),
+        decode,
+        float((s.get("kv_blocks_used") or 0) * block_size) if decode else 0.0,
+        float(s.get("prefill_context_tokens") or 0),
+        float(s["step_seconds"]),
+    )
+
+
+def _batch_only(s: dict[str, Any]) -> tuple[float, ...]:
+    """No prefill/decode split (the static engine): a step is a batch, tokens only."""
+    return (1.0, float(s["batch_tokens"]), 0.0, 0.0, 0.0, float(s["step_seconds"]))
+
+
+def _predict(coef: tuple[float, ...], p: tuple[float, ...]) -> float:
+    return sum(k * x for k, x in zip(coef, p[:-1], strict=True))
+
+
+def nnls(pts: list[tuple[float, ...]], relative: bool = False) -> tuple[float, ...]:
     """Best non-negative coefficients for y = sum(k_i * x_i) (each point: x..., y), trying
-    every subset of terms (a handful of terms: 2^k small least-squares problems)."""
+    every subset of terms (a handful of terms: 2^k small least-squares problems); `relative`:
+    each point's error as a fraction of its y."""
     import itertools
 
     import numpy as np
 
     X = np.array([p[:-1] for p in pts])
     y = np.array([p[-1] for p in pts])
+    if relative:
+        w = 1.0 / np.maximum(y, 1e-9)
+        X, y = X * w[:, None], y * w
     k = X.shape[1]
     best, best_err = (0.0,) * k, float(((y) ** 2).sum())
     for size in range(k, 0, -1):

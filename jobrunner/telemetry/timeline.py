@@ -40,6 +40,7 @@ STEP_COLUMNS = [
     "batch_tokens",
     "prefill_tokens",
     "decode_tokens",
+    "prefill_context_tokens",  # what prefill attention reads (ScheduledBatch)
     "kv_blocks_used",
     "step_seconds",
     "preemptions",
@@ -90,8 +91,10 @@ def append_timeline(
     try:
         with pq.ParquetWriter(tmp, schema) as w:
             if path.is_file():
-                for batch in pq.ParquetFile(path).iter_batches(BATCH_ROWS, columns=columns):
-                    old = pa.Table.from_batches([batch]).select(columns).cast(schema)
+                f = pq.ParquetFile(path)
+                have = [c for c in columns if c in f.schema_arrow.names]
+                for batch in f.iter_batches(BATCH_ROWS, columns=have):
+                    old = _conform(pa.Table.from_batches([batch]), schema)
                     w.write_table(old.filter(pa.compute.not_equal(old["run"], float(run))))
             for t in tables:
                 t = t.select(columns).cast(schema)
@@ -100,6 +103,16 @@ def append_timeline(
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _conform(t: Any, schema: Any) -> Any:
+    """`t` with `schema`'s columns and types: a column an older run's file lacks is null."""
+    import pyarrow as pa
+
+    for f in schema:
+        if f.name not in t.column_names:
+            t = t.append_column(f.name, pa.nulls(len(t), f.type))
+    return t.select(schema.names).cast(schema)
 
 
 def _chunks(records: list[dict[str, Any]], columns: list[str]) -> Iterator[Any]:

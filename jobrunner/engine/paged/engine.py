@@ -340,6 +340,7 @@ class PagedEngine(Engine):
                 "batch_tokens": batch.num_tokens,
                 "prefill_tokens": batch.num_tokens - decode,
                 "decode_tokens": decode,
+                "prefill_context_tokens": batch.num_prefill_context_tokens,
                 "kv_blocks_used": self.block_manager.num_used_blocks,
                 "step_seconds": round(seconds, 5),
                 "preemptions": sched.num_preemptions,
