@@ -54,7 +54,13 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
     engine = started.engine
     run.stop.reraise()  # a signal during start-up whose exception a library swallowed
     grammar = getattr(engine, "compile_grammar", None)
-    stream = PrepStream(cfg, started.loaded.tokenizer, run.skip_ids, compile_grammar=grammar)
+    stream = PrepStream(
+        cfg,
+        started.loaded.tokenizer,
+        run.skip_ids,
+        compile_grammar=grammar,
+        committed_rows=run.rundir.committed_rows,
+    )
     committer = _committer(run, started, rate, stream)
     committer.start_clock(since=t0)  # model load is paid for too, by every row
     progress = Progress(

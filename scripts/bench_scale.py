@@ -112,8 +112,9 @@ def _hwm(pid: int) -> int:
     return 0
 
 
-def committed_run_dir(job_file: Path, committed: int) -> None:
-    """A run directory of this job with its first `committed` rows done (synthetic shards)."""
+def committed_run_dir(job_file: Path, committed: int, ranges: bool = True) -> None:
+    """A run directory of this job with its first `committed` rows done (synthetic shards);
+    `ranges`: with each shard's row ranges, as a run's commits write them."""
     sys.path.insert(0, str(ROOT))
     import numpy as np
     import pyarrow as pa
@@ -147,6 +148,23 @@ def committed_run_dir(job_file: Path, committed: int) -> None:
             }
         )
         pq.write_table(table, rundir.results / f"part-{k:05d}.parquet")
+        if ranges:  # what a run's commit records beside its shard (io/row_ranges.py)
+            row_ranges(rundir.path, f"part-{k:05d}.parquet", str(cfg.input.path), start, n)
+
+
+def row_ranges(run_path: Path, shard: str, file: str, start: int, n: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (run_path / "rows").mkdir(exist_ok=True)
+    table = pa.table(
+        {
+            "file": pa.array([file]).dictionary_encode(),
+            "start": pa.array([start], pa.int64()),
+            "stop": pa.array([start + n], pa.int64()),
+        }
+    )
+    pq.write_table(table, run_path / "rows" / shard)
 
 
 def main() -> None:
@@ -156,6 +174,11 @@ def main() -> None:
     ap.add_argument("--validate-rows", type=int, default=1_000_000)
     ap.add_argument("--committed", type=int, default=50_000_000)
     ap.add_argument("--only", default="validate,baseline,first,resume")
+    ap.add_argument(
+        "--no-ranges",
+        action="store_true",
+        help="the resume directory without row ranges (as runs before io/row_ranges.py left it)",
+    )
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(","))
@@ -174,7 +197,7 @@ def main() -> None:
         print(json.dumps(out), flush=True)
     if "resume" in only:
         j = job(args.workdir, big, "resume")
-        committed_run_dir(j, args.committed)
+        committed_run_dir(j, args.committed, ranges=not args.no_ranges)
         res = args.workdir / "resume" / "results"
         before = frozenset(res.glob("part-*"))
         out[f"resume_{args.committed}_committed"] = first_result(j, res, before)

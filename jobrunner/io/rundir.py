@@ -2,7 +2,9 @@
 
 Commit order, which makes any crash point safe:
   1. append the batch's error lines to errors.jsonl (fsync);
-  2. write the result shard under a temporary name, fsync, rename into results/;
+  2. write the result shard under a temporary name, fsync, rename into results/ (first
+     removing any rows/ file of its name), then write rows/<shard>, its input row ranges
+     (io/row_ranges.py: a crash before it only leaves those rows to the id check);
   3. replace manifest.json atomically, recording the shard and errors.jsonl's committed length.
 On resume (`prepare`), the files are the truth and the manifest is rebuilt from them:
   - a shard in results/ that the manifest does not list means the last commit got past step 2,
@@ -29,6 +31,7 @@ from typing import Any
 
 from jobrunner.errors import RunDirError
 from jobrunner.formats import FORMATS
+from jobrunner.io import row_ranges
 from jobrunner.io.fs import open_file
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.writers import (
@@ -47,6 +50,7 @@ MANIFEST_VERSION = 2  # 2: the input is named by content (io/identity.py)
 # What runs write into a run directory; --restart removes these and nothing else.
 OWN_FILES = (
     "results",
+    "rows",  # io/row_ranges.py
     "errors.jsonl",
     "manifest.json",
     "input_rows.parquet",
@@ -183,7 +187,12 @@ class RunDir:
         """Create the layout and recover from a crash at any point of a commit (module doc)."""
         self.results.mkdir(parents=True, exist_ok=True)
         m = self.load_manifest() or Manifest(started_at=time.time())
-        for stale in [*self.results.glob(".*.tmp*"), *self.path.glob(".*.tmp*")]:
+        rows = self.path / row_ranges.ROWS_DIR
+        for stale in [
+            *self.results.glob(".*.tmp*"),
+            *self.path.glob(".*.tmp*"),
+            *rows.glob(".*.tmp*"),
+        ]:
             stale.unlink(missing_ok=True)
         self._check_results()
         listed = {s["name"] for s in m.shards}
@@ -291,6 +300,10 @@ class RunDir:
         errors = [str(e["id"]) for e in self.iter_errors() if e.get("id") is not None]
         return IdSet.from_chunks([*chunks, hash_ids(errors) if errors else []])
 
+    def committed_rows(self) -> row_ranges.CommittedRows:
+        """The input rows the shards present hold, by row range (io/row_ranges.py)."""
+        return row_ranges.CommittedRows.read(self.path, [f.name for f in self.shard_files()])
+
     def iter_errors(self) -> Iterator[dict[str, Any]]:
         if not self.errors_path.is_file():
             return
@@ -334,8 +347,11 @@ class RunDir:
         fault("after_errors", self._commits)
         m.errors_bytes = self.errors_path.stat().st_size if self.errors_path.exists() else 0
         if tmp is not None:
+            row_ranges.forget(self.path, path.name)  # a stale file never names this shard's rows
             publish(tmp, path)
             m.shards.append({"name": path.name, "rows": len(records), "bytes": path.stat().st_size})
+            if sources is not None and len(sources) == len(records):  # none split out
+                row_ranges.record(self.path, path.name, sources)
         fault("after_shard", self._commits)
         ok = sum(r["finish_reason"] != "error" for r in records)
         for key, n in (("succeeded", ok), ("failed", len(errors))):
@@ -369,6 +385,7 @@ class RunDir:
         # settled (by what is actually gone) here or, after a crash, by the next prepare.
         m.retiring_cost_usd = self._failed_cost()
         self.save_manifest(m)
+        row_ranges.forget_all(self.path)  # before any shard is rewritten
         for f in self.shard_files():
             _drop_failed_rows(f)
         self.errors_path.unlink(missing_ok=True)

@@ -37,6 +37,7 @@ from jobrunner.formats import FORMATS
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
 from jobrunner.io.identity import ROWS_FILE
 from jobrunner.io.ids import IdSet, hash_ids
+from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.io.rundir import ErrorPlaces, Manifest, fault, not_a_run, split_unwritable
 from jobrunner.types import RowError
 
@@ -173,6 +174,10 @@ class StoreRunDir:
         chunks = [hash_ids(read_id_array(f)) for f in self.shard_files()]
         errors = [str(e["id"]) for e in self.iter_errors() if e.get("id") is not None]
         return IdSet.from_chunks([*chunks, hash_ids(errors) if errors else []])
+
+    def committed_rows(self) -> CommittedRows:
+        """No row ranges on a store (io/row_ranges.py): the ids decide every row."""
+        return CommittedRows()
 
     def committed_ids(self) -> set[str]:
         from jobrunner.io.rundir import read_column

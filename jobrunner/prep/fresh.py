@@ -1,7 +1,8 @@
 """The input rows a resumed run still has to do, without a Python object for the others.
 
 Parquet rows already committed are dropped by their id column, vectorized, before any row
-becomes a dict (a resume with 50M rows committed reads ids, not rows). Other formats go through
+becomes a dict (a resume with 50M rows committed reads ids, not rows), and a row group the
+committed row ranges cover whole (io/row_ranges.py) is not read at all. Other formats go through
 their reader; the prep stream checks every row against the committed set anyway.
 """
 
@@ -17,6 +18,7 @@ from jobrunner.formats.parquet import open_parquet
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids
 from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.prep.prepare import derived_name
 from jobrunner.types import RowRef
 
@@ -24,9 +26,14 @@ from jobrunner.types import RowRef
 class FreshRows:
     """Iterates the job's input items minus committed Parquet rows; counts those in `skipped`."""
 
-    def __init__(self, cfg: JobConfig, done: IdSet | set[str]) -> None:
+    def __init__(
+        self, cfg: JobConfig, done: IdSet | set[str], rows: CommittedRows | None = None
+    ) -> None:
+        """`rows`: the committed row ranges (io/row_ranges.py); a row group they cover whole
+        is skipped without reading its ids."""
         self.cfg = cfg
         self.done = done
+        self.rows = rows or CommittedRows()
         self.skipped = 0
         self._root = input_root(cfg.input.path)
 
@@ -49,6 +56,11 @@ class FreshRows:
         col, name, first = self.cfg.input.id_column, derived_name(file, self._root), 0
         columns = [col] if col and col in pf.schema_arrow.names else []
         for group in range(pf.metadata.num_row_groups):
+            size = pf.metadata.row_group(group).num_rows
+            if self.rows.covers(file, first, first + size):  # committed whole: no id read
+                self.skipped += size
+                first += size
+                continue
             ids = batch_ids(pf.read_row_group(group, columns=columns), name, first, col)
             keep = np.flatnonzero(~self._done(ids))
             self.skipped += len(ids) - len(keep)

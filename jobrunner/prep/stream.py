@@ -22,6 +22,7 @@ from jobrunner.config import JobConfig
 from jobrunner.formats import make_preparer
 from jobrunner.io.ids import IdSet, committed
 from jobrunner.io.readers import Item
+from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.prep.fresh import FreshRows
 from jobrunner.prep.order import order_requests
 from jobrunner.types import Request, Result, RowError, SamplingParams
@@ -165,8 +166,11 @@ class PrepStream(Prep):
         order: bool = True,
         depth: int = 4096,
         compile_grammar: Callable[[Any], None] | None = None,
+        committed_rows: Callable[[], CommittedRows] = CommittedRows,
     ) -> None:
+        """`committed_rows()` (read in the thread): the row ranges FreshRows skips unread."""
         super().__init__(cfg, tokenizer, skip_ids, order, compile_grammar)
+        self.committed_rows = committed_rows
         self.cfg = cfg
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self.failure: BaseException | None = None
@@ -200,7 +204,7 @@ class PrepStream(Prep):
 
     def _run(self) -> None:
         try:
-            self._rows = FreshRows(self.cfg, self.skip_ids)
+            self._rows = FreshRows(self.cfg, self.skip_ids, self.committed_rows())
             for req in self.requests(self._rows):
                 if self._stop.is_set():
                     break
