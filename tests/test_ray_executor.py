@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobrunner.config import JobConfig
-from jobrunner.errors import JobError
+from jobrunner.errors import JobError, RunDirError
 from jobrunner.executors.ray_blocks import (
     claim_run,
     fragment_files,
@@ -370,6 +370,12 @@ def test_ray_run_equals_local_run_and_reports_each_worker(
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert run(job(input_file, out)).status == "nothing_to_do"  # promise 8, no cluster needed
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    for s in m["shards"]:  # recorded as the local commit records them
+        assert s["bytes"] == (out / "results" / s["name"]).stat().st_size
+    with open(out / "results" / m["shards"][0]["name"], "ab") as f:
+        f.write(b"\n")  # a shard changed after its commit: the rerun names it
+    with pytest.raises(RunDirError, match="changed after it was committed"):
+        run(job(input_file, out))
 
 
 def test_a_parquet_run_is_read_by_the_workers_and_equals_the_local_run(

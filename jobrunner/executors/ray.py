@@ -193,7 +193,9 @@ def _land(
         raise err
     landed.add(meta)
     if meta["shard"] and all(s["name"] != meta["shard"] for s in manifest.shards):
-        manifest.shards.append({"name": meta["shard"], "rows": meta["rows"]})
+        manifest.shards.append(
+            {"name": meta["shard"], "rows": meta["rows"], "bytes": meta.get("bytes")}
+        )
         ok = meta["succeeded"] if meta["succeeded"] is not None else meta["rows"]
         manifest.counts["succeeded"] = manifest.counts.get("succeeded", 0) + ok
     fragment = fragment_path(rundir, tag, meta["block"])

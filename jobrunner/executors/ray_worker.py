@@ -147,6 +147,7 @@ class BlockWorker:
         return {
             "block": block,
             "shard": shard.name if shard else None,
+            "bytes": shard.stat().st_size if shard else None,  # as the local commit records
             "rows": rows,
             "succeeded": ok,
             "cost_usd": usd,
