@@ -10,7 +10,9 @@
    with Python's default garbage collection and as a run settles it (collector.py);
 2. the paged engine's mean forward time a step, decoding a fixed batch: alone, with preparation
    running without pause in another thread (the worst case: every row of a large input still to
-   prepare), and pulling its rows from a PrepStream as a run does.
+   prepare), and pulling its rows from a PrepStream as a run does; the last two again under a
+   shorter GIL switch interval (`--switch-interval`): the engine thread, which gives the GIL up
+   around every torch op, waits up to that long to get it back from a busy preparation thread.
 """
 
 from __future__ import annotations
@@ -107,6 +109,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", default="prep,steps")
+    ap.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0005,
+        help="the GIL switch interval (s) of the second round of step times",
+    )
     args = ap.parse_args()
     cfg = JobConfig.model_validate(
         {
@@ -124,9 +132,17 @@ def main() -> None:
             out.setdefault(f"prep_rows_per_s_{variant}", []).append(round(wall))
             out.setdefault(f"prep_cpu_rows_per_s_{variant}", []).append(round(cpu))
     if "steps" in args.only:
-        for mode in ["alone", "with_prep", "stream"] * args.repeats:
+        import sys
+
+        default = sys.getswitchinterval()
+        modes = [("alone", default), ("with_prep", default), ("stream", default)]
+        modes += [(m, args.switch_interval) for m in ("with_prep", "stream")]
+        for mode, interval in modes * args.repeats:
+            sys.setswitchinterval(interval)
             ms = round(step_time(loaded, cfg, tok, mode), 2)
-            out.setdefault(f"step_ms_{mode}", []).append(ms)
+            tag = "" if interval == default else f"_switch_{interval * 1000:g}ms"
+            out.setdefault(f"step_ms_{mode}{tag}", []).append(ms)
+        sys.setswitchinterval(default)
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out))
 
