@@ -165,7 +165,8 @@ static inline __attribute__((always_inline)) void scores16(const Job *J, const f
     }
     const __mmask16 live = (__mmask16)((1u << nt) - 1u);
     for (int j = 0; j < G; j++) {
-        __m512 qj[C], d[16];
+        __m512 qj[8], d[16]; /* fixed sizes: kept in registers (see item_avx2) */
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) qj[c] = _mm512_loadu_ps(q + j * hd + 16 * c);
         for (int tt = 0; tt < 16; tt++) {
             d[tt] = _mm512_mul_ps(qj[0], _mm512_loadu_ps(krow[tt]));
@@ -192,13 +193,13 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * bs * hd;
-    float acc[G * 16 * C] __attribute__((aligned(64)));
-    float s[G * SPAN] __attribute__((aligned(64)));
-    float kbuf[16 * 16 * C] __attribute__((aligned(64)));
-    float vf[SPAN], alpha[G], m[G];
-    __m512 sum[G];
+    float acc[8 * 16 * 8] __attribute__((aligned(64)));
+    float s[8 * SPAN] __attribute__((aligned(64)));
+    float kbuf[16 * 16 * 8] __attribute__((aligned(64)));
+    float vf[SPAN], alpha[8], m[8];
+    __m512 sum[8];
     int64_t off_a[SPAN + 16], off_b[SPAN + 16], *off = off_a, *next = off_b;
-    memset(acc, 0, sizeof(acc));
+    memset(acc, 0, sizeof(float) * G * hd);
     for (int j = 0; j < G; j++) m[j] = -INFINITY, sum[j] = _mm512_setzero_ps();
     span_offsets(table, bs, hd, head_base, 0, L < SPAN ? L : SPAN, next);
     for (int64_t t0 = 0; t0 < L; t0 += SPAN) {
@@ -241,22 +242,29 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
         }
         for (int64_t tt = 0; tt < n; tt++) vf[tt] = code_scale(J->dtype, J->v_scale, off[tt], hd);
         for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
-            __m512 a[G][CB];
+            __m512 a[8][8]; /* fixed sizes: kept in registers (see item_avx2) */
+#pragma GCC unroll 8
             for (int j = 0; j < G; j++)
+#pragma GCC unroll 8
                 for (int c = 0; c < CB; c++) {
                     const __m512 prev = _mm512_load_ps(acc + j * hd + 16 * (cb + c));
                     a[j][c] = _mm512_mul_ps(_mm512_set1_ps(alpha[j]), prev);
                 }
             for (int64_t tt = 0; tt < n; tt++) {
                 if (cb == 0 && tt < nn) prefetch_rows(J, next + tt, 1); /* the next span */
-                __m512 v[CB];
+                __m512 v[8];
+#pragma GCC unroll 8
                 for (int c = 0; c < CB; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * (cb + c));
+#pragma GCC unroll 8
                 for (int j = 0; j < G; j++) {
                     const __m512 pj = _mm512_set1_ps(s[j * SPAN + tt] * vf[tt]);
+#pragma GCC unroll 8
                     for (int c = 0; c < CB; c++) a[j][c] = _mm512_fmadd_ps(pj, v[c], a[j][c]);
                 }
             }
+#pragma GCC unroll 8
             for (int j = 0; j < G; j++)
+#pragma GCC unroll 8
                 for (int c = 0; c < CB; c++) _mm512_store_ps(acc + j * hd + 16 * (cb + c), a[j][c]);
         }
         if (nn > n) prefetch_rows(J, next + n, nn - n); /* a next span longer than this one */
@@ -326,25 +334,80 @@ static inline __attribute__((always_inline)) void scores8(const Job *J, const fl
     }
 }
 
+/* Registers of the AVX2 V pass: G * CB accumulators, G weights and a V vector, at most 15 (one
+ * left to the compiler; at 16 it spilled an accumulator, every token a store-to-load chain). */
+#define CB_AVX2(G, C) \
+    ((9 * (G) + 1 <= 15 && (C) % 8 == 0)   ? 8 \
+     : (5 * (G) + 1 <= 15 && (C) % 4 == 0) ? 4 \
+     : (3 * (G) + 1 <= 15)                 ? 2 \
+                                           : 1)
+
+/* acc (G heads x 8 C floats) = alpha * acc + weights x V over the n tokens at off, CB vectors
+ * of each head a pass. Meanwhile the next span's V rows (the nn at next) are requested, their
+ * cache lines spread over the passes: pass i fetches lines i, i + passes, ... of each row (the
+ * score pass requests the K rows the same way). */
+static inline __attribute__((always_inline)) void v_pass(const Job *J, const int64_t *off,
+                                                         const int64_t *next, int64_t n,
+                                                         int64_t nn, const float *s,
+                                                         const float *alpha, float *acc,
+                                                         const int dtype, const int G,
+                                                         const int C, const int CB) {
+    const int64_t hd = 8 * C, width = elem_bytes(dtype), lines = (hd * width + 63) / 64;
+    const char *vb = (const char *)J->v;
+    for (int cb = 0; cb < C; cb += CB) {
+        const int64_t pass = cb / CB, passes = C / CB;
+        __m256 a[8][8];
+#pragma GCC unroll 8
+        for (int j = 0; j < G; j++) {
+            const __m256 aj = _mm256_set1_ps(alpha[j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; c++)
+                a[j][c] = _mm256_mul_ps(aj, _mm256_load_ps(acc + j * hd + 8 * (cb + c)));
+        }
+        for (int64_t tt = 0; tt < n; tt++) {
+            if (tt < nn)
+                for (int64_t l = pass; l < lines; l += passes)
+                    _mm_prefetch(vb + next[tt] * width + 64 * l, _MM_HINT_T0);
+            __m256 p[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < G; j++) p[j] = _mm256_broadcast_ss(s + j * SPAN + tt);
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; c++) {
+                const __m256 v = load8(J->v, dtype, off[tt] + 8 * (cb + c));
+#pragma GCC unroll 8
+                for (int j = 0; j < G; j++) a[j][c] = _mm256_fmadd_ps(p[j], v, a[j][c]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < G; j++)
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; c++) _mm256_store_ps(acc + j * hd + 8 * (cb + c), a[j][c]);
+    }
+}
+
 /* item_avx512 with 8-float vectors (head_dim 8 * C), the same spans, online softmax and
- * prefetches; CB of each head's C output vectors stay in registers while V is read, so that
- * G * CB accumulators, CB V vectors and a broadcast fit AVX2's 16 registers. */
+ * prefetches. While V is read, CB of each head's C output vectors stay in registers with the G
+ * weights of the token: G * CB + G + 1 of AVX2's 16 registers. The arrays have fixed sizes (G, C
+ * at most 8 and 16) so that, G and C being constants here, the compiler keeps them in registers:
+ * as variable-length arrays they lived on the stack, every FMA a load and a store. */
 static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_t r, int64_t h,
                                                             int64_t after, int fetched,
                                                             const int G, const int C) {
-    const int CB = 4 * (G + 1) <= 15 ? 4 : 2 * (G + 1) <= 15 ? 2 : 1;
+    const int CB = CB_AVX2(G, C);
     const int64_t hd = 8 * C, L = J->ctx_lens[r], bs = J->bs;
+    const int dtype = J->dtype;
+    const int64_t width = elem_bytes(dtype), lines = (hd * width + 63) / 64; /* of a row */
     const float *q = J->q + (r * J->nh + h * G) * hd;
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * bs * hd;
-    float acc[G * 8 * C] __attribute__((aligned(32)));
-    float s[G * SPAN] __attribute__((aligned(32)));
-    float kbuf[8 * 8 * C] __attribute__((aligned(32)));
-    float vf[SPAN], alpha[G], m[G];
-    __m256 sum[G];
+    float acc[8 * 8 * 16] __attribute__((aligned(32)));
+    float s[8 * SPAN] __attribute__((aligned(32)));
+    float kbuf[8 * 8 * 16] __attribute__((aligned(32)));
+    float vf[SPAN], alpha[8], m[8];
+    __m256 sum[8];
     int64_t off_a[SPAN + 16], off_b[SPAN + 16], *off = off_a, *next = off_b;
-    memset(acc, 0, sizeof(acc));
+    memset(acc, 0, sizeof(float) * G * hd);
     for (int j = 0; j < G; j++) m[j] = -INFINITY, sum[j] = _mm256_setzero_ps();
     span_offsets(table, bs, hd, head_base, 0, L < SPAN ? L : SPAN, next);
     for (int64_t t0 = 0; t0 < L; t0 += SPAN) {
@@ -363,6 +426,9 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
         for (int64_t c0 = 0; c0 < n; c0 += 8) {
             if (t0 == 0 && !fetched && c0 + 8 < n)
                 prefetch_rows(J, off + c0 + 8, n - c0 - 8 < 8 ? n - c0 - 8 : 8);
+            for (int64_t tt = c0; tt < c0 + 8 && tt < nn; tt++) /* the next span's K rows */
+                for (int64_t l = 0; l < lines; l++)
+                    _mm_prefetch((const char *)J->k + next[tt] * width + 64 * l, _MM_HINT_T0);
             scores8(J, q, off + c0, n - c0 < 8 ? n - c0 : 8, kbuf, s + c0, G, C);
         }
         for (int j = 0; j < G; j++) { /* the online softmax update over this span */
@@ -384,26 +450,17 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
             sum[j] = _mm256_fmadd_ps(sum[j], _mm256_set1_ps(alpha[j]), e_sum);
             m[j] = m_new;
         }
-        for (int64_t tt = 0; tt < n; tt++) vf[tt] = code_scale(J->dtype, J->v_scale, off[tt], hd);
-        for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
-            __m256 a[G][CB];
+        if (dtype == I8 || dtype == FP8) { /* weights times each V row's scale */
+            for (int64_t tt = 0; tt < n; tt++) vf[tt] = code_scale(dtype, J->v_scale, off[tt], hd);
             for (int j = 0; j < G; j++)
-                for (int c = 0; c < CB; c++) {
-                    const __m256 prev = _mm256_load_ps(acc + j * hd + 8 * (cb + c));
-                    a[j][c] = _mm256_mul_ps(_mm256_set1_ps(alpha[j]), prev);
-                }
-            for (int64_t tt = 0; tt < n; tt++) {
-                if (cb == 0 && tt < nn) prefetch_rows(J, next + tt, 1); /* the next span */
-                __m256 v[CB];
-                for (int c = 0; c < CB; c++) v[c] = load8(J->v, J->dtype, off[tt] + 8 * (cb + c));
-                for (int j = 0; j < G; j++) {
-                    const __m256 pj = _mm256_set1_ps(s[j * SPAN + tt] * vf[tt]);
-                    for (int c = 0; c < CB; c++) a[j][c] = _mm256_fmadd_ps(pj, v[c], a[j][c]);
-                }
-            }
-            for (int j = 0; j < G; j++)
-                for (int c = 0; c < CB; c++) _mm256_store_ps(acc + j * hd + 8 * (cb + c), a[j][c]);
+                for (int64_t tt = 0; tt < n; tt++) s[j * SPAN + tt] *= vf[tt];
         }
+        /* float32 (the exact path) with its format a constant, no test per load; one copy for
+         * the others keeps the build short (a copy per format doubled its compile time) */
+        if (dtype == F32)
+            v_pass(J, off, next, n, nn, s, alpha, acc, F32, G, C, CB);
+        else
+            v_pass(J, off, next, n, nn, s, alpha, acc, dtype, G, C, CB);
         if (nn > n) prefetch_rows(J, next + n, nn - n); /* a next span longer than this one */
     }
     for (int j = 0; j < G; j++) {
