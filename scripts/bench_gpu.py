@@ -118,7 +118,7 @@ def exactness(device: torch.device, rows: int, new: int = 32, **engine) -> tuple
     loaded = sharpened_tiny(device)
     work = prompts(rows, 20, 300, loaded.model.config.vocab_size, seed=2)
     want = [hf_greedy(loaded, p, new) for p in work]
-    _, _, _, got = bench_runs.run_engine(
+    _, _, _, got, _ = bench_runs.run_engine(
         "paged", loaded, bench_runs.requests(work, new, True), **engine
     )
     return sum(g == w for g, w in zip(got, want, strict=True)), rows
@@ -179,11 +179,11 @@ def patched_env(env: dict[str, str]):
 def decode_tok_s(loaded: LoadedModel, work: list[list[int]], args, **engine) -> float:
     """Decode tokens/s: a run generating --decode-new tokens a row, minus a prefill-only run."""
     limits = dict(max_num_seqs=args.decode_rows, max_batch_tokens=8192, **engine)
-    _, prefill_s, _, _ = bench_runs.run_engine(
+    _, prefill_s, _, _, _ = bench_runs.run_engine(
         "paged", loaded, bench_runs.requests(work, 1, True), **limits
     )
     full = bench_runs.requests(work, args.decode_new, True)
-    tokens, seconds, _, _ = bench_runs.run_engine("paged", loaded, full, **limits)
+    tokens, seconds, _, _, _ = bench_runs.run_engine("paged", loaded, full, **limits)
     return (tokens - args.decode_rows) / max(seconds - prefill_s, 1e-9)
 
 
@@ -228,7 +228,7 @@ def main() -> None:
         sync(device)
         static[b] = tokens / seconds
         print(f"static  HF generate, batches of {b:3d}  {static[b]:10.1f} tok/s", flush=True)
-    tokens, seconds, stats, _ = bench_runs.run_engine("paged", loaded, reqs, max_num_seqs=256)
+    tokens, seconds, stats, _, _ = bench_runs.run_engine("paged", loaded, reqs, max_num_seqs=256)
     paged = tokens / seconds
     best = max(static.values())
     print(f"paged   jobrunner                    {paged:10.1f} tok/s  {paged / best:.2f}x static")

@@ -107,8 +107,9 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
 
 def run_engine(
     kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
-) -> tuple[int, float, object, list]:
-    """(generated tokens, seconds, engine stats, each row's token ids in request order)."""
+) -> tuple[int, float, object, list, float]:
+    """(generated tokens, seconds, engine stats, each row's token ids in request order, the
+    process's CPU seconds over the same span)."""
     from jobrunner.engine.engines import ENGINES
 
     cfg = JobConfig()
@@ -117,14 +118,15 @@ def run_engine(
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
     eng = ENGINES.get(kind)(loaded, cfg)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
     seconds = time.perf_counter() - t0
+    cpu_seconds = time.process_time() - cpu0
     failed = [f"{r.id}: {r.error}" for r in results.values() if r.error_code]
     if failed:
         raise SystemExit(f"{kind}: {len(failed)} rows failed, e.g. {failed[0]}")
     tokens = sum(r.usage.completion_tokens for r in results.values())
-    return tokens, seconds, eng.stats, [results[r.id].token_ids for r in reqs]
+    return tokens, seconds, eng.stats, [results[r.id].token_ids for r in reqs], cpu_seconds
 
 
 def measure(loaded, work: dict) -> dict:
@@ -135,10 +137,11 @@ def measure(loaded, work: dict) -> dict:
         tokens, seconds = hf_generate(loaded, prompts, max_new, ignore_eos, work["batch_size"])
         return {"tokens": tokens, "seconds": seconds}
     reqs = requests(prompts, max_new, ignore_eos)
-    tokens, seconds, st, ids = run_engine(
+    tokens, seconds, st, ids, cpu_seconds = run_engine(
         work["run"], loaded, reqs, work.get("kv", "auto"), **work.get("engine", {})
     )
     stats = {k: getattr(st, k) for k in ENGINE_STATS}
+    stats["cpu_seconds"] = cpu_seconds  # all threads' CPU time, which other processes inflate less
     return {"tokens": tokens, "seconds": seconds, "token_ids": ids, **stats}
 
 

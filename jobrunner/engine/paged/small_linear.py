@@ -1,4 +1,4 @@
-"""Linear layers for decode steps of few rows on CPU, weights packed once."""
+"""Float32 linear layers on CPU, weights packed once (decode steps and prefill alike)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,19 @@ from jobrunner.engine.paged import cpu_kernels
 
 
 class SmallRowLinear:
-    """Linear layers for steps of up to MAX_ROWS rows (decode, short prefill chunks) on CPU,
-    float32, weights packed once: our AVX-512 or AVX2 kernel (csrc/small_gemm.c) where it builds,
-    else oneDNN's prepacked linear. On SmolLM2's layer shapes (2 cores, 30 distinct layers, so the
-    weights come from memory as in a real step, plus the lm_head), a step of 52 rows takes 50 ms
-    with the kernel and 76 ms with MKL's F.linear; 16 rows 27 against 48 ms. The kernel makes
-    about 310 GFLOP/s from 128 to 384 rows against MKL's 244 to 282, 305 against 294 at 512
-    rows and 287 against 305 at 1,024, so larger steps keep F.linear. oneDNN is within 5% of MKL
-    at 256 rows and slower beyond.
-    Packed copies are made lazily, one per weight, and live as long as the model."""
+    """Float32 linear layers on CPU with weights packed once: our AVX-512 or AVX2 kernel
+    (csrc/small_gemm.c) for every row count where it builds, else oneDNN's prepacked linear for
+    steps of up to ONEDNN_MAX_ROWS rows (decode, short prefill chunks) and F.linear beyond.
+    The kernel takes a prefill step's many rows a slice at a time that stays in L2 (1 thread,
+    SmolLM2's layer shapes: about 95 GFLOP/s, 92% of an AVX2 core's peak, against MKL's 82-89 at
+    1,024 and 4,096 rows; docs/performance.md). Packed copies are made lazily, one per weight,
+    and live as long as the model."""
 
-    MAX_ROWS = 512  # with the kernel; oneDNN's packed path stops at ONEDNN_MAX_ROWS
-    ONEDNN_MAX_ROWS = 256
+    ONEDNN_MAX_ROWS = 256  # oneDNN's packed path is within 5% of MKL at 256 rows, slower beyond
 
     def __init__(self) -> None:
         self.native = cpu_kernels.gemm_supported()
-        self.max_rows = self.MAX_ROWS if self.native else self.ONEDNN_MAX_ROWS
+        self.max_rows = None if self.native else self.ONEDNN_MAX_ROWS  # None: every row count
         self.packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(w) -> (w, packed)
 
     @staticmethod
@@ -44,7 +41,8 @@ class SmallRowLinear:
         )
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if x.shape[0] > self.max_rows or x.dtype != torch.float32 or x.dim() != 2:
+        too_many = self.max_rows is not None and x.shape[0] > self.max_rows
+        if too_many or x.dtype != torch.float32 or x.dim() != 2:
             return F.linear(x, w, b)
         entry = self.packed.get(id(w))
         if entry is None or entry[0] is not w:
