@@ -31,6 +31,7 @@ from jobrunner.input_scan import metadata_rows
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, committed, hash_ids, iter_id_batches
 from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.row_ranges import runs
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.prepare import derived_name
@@ -169,10 +170,8 @@ def _add_ranges(plan: Plan, file: str, rows: np.ndarray) -> None:
 
 
 def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted row numbers as [start, stop) runs of consecutive rows."""
-    cut = np.flatnonzero(np.diff(rows) != 1) + 1
-    starts = rows[np.concatenate([[0], cut])]
-    stops = rows[np.concatenate([cut - 1, [len(rows) - 1]])] + 1
+    """Sorted row numbers as [start, stop) runs of consecutive rows, as plain ints to pickle."""
+    starts, stops = runs(rows)
     return [(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
 
 

@@ -62,9 +62,8 @@ class PagedEngine(Engine):
             torch.set_num_threads(e.num_threads)
         self.max_model_len = min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
         self.model = PagedCausalLM(loaded.model, self.max_model_len)
-        self.model.stopping = lambda: (
-            self.stop_requested
-        )  # a stop abandons a long step between layers
+        # a stop abandons a long step between layers (model.StepInterrupted)
+        self.model.stopping = lambda: self.stop_requested
         self.kv = kv_cache_for(self.model, cfg, loaded.dtype, loaded.device, self.max_model_len)
         self.block_manager = BlockManager(self.kv.num_blocks, e.block_size, e.prefix_caching)
         self.scheduler = Scheduler(
