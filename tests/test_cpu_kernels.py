@@ -220,6 +220,26 @@ def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
 
 
+@pytest.mark.skipif(not cpu_kernels.gemm_bf16_supported(), reason="no AVX-512 BF16 on this CPU")
+@pytest.mark.parametrize("n,k", [(100, 70), (32, 576), (17, 1), (1, 33), (24, 9), (40, 577)])
+def test_small_gemm_bf16_is_exact_on_bfloat16_rounded_rows(n, k):
+    """bfloat16 weights times float32 rows rounded to bfloat16 (as torch rounds them), summed in
+    float32: equal to the float64 product of the same bfloat16 values within float32 rounding,
+    at row counts around the 14-row blocks and the row slices, widths off the 32-column panels,
+    odd K (the pair's zero half), strided rows."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g)
+    packed = cpu_kernels.pack_gemm_weight_bf16(w)
+    for rows in (1, 5, 13, 14, 15, 29, 52, 300, 1000):
+        x = torch.randn(rows, 2 * k, generator=g)[:, :k]
+        for bias in (b, None):
+            got = cpu_kernels.small_gemm_bf16(x, packed, bias, n)
+            want = x.to(torch.bfloat16).double() @ w.double().T
+            want = want if bias is None else want + bias.double()
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_write_kv_puts_strided_rows_into_their_slots(dtype):

@@ -70,6 +70,12 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_panel.restype = ctypes.c_int
     lib.small_gemm_panel.argtypes = []
+    lib.small_gemm_bf16_fast.restype = ctypes.c_int
+    lib.small_gemm_bf16_fast.argtypes = []
+    lib.small_gemm_bf16.restype = ctypes.c_int
+    lib.small_gemm_bf16.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
+    lib.small_gemm_bf16_panel.restype = ctypes.c_int
+    lib.small_gemm_bf16_panel.argtypes = []
     lib.kernel_isa.restype = ctypes.c_char_p
     lib.kernel_isa.argtypes = []
     isa_name = lib.kernel_isa().decode()
@@ -278,6 +284,52 @@ def small_gemm(
         x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
         y.data_ptr(), m, n, k, torch.get_num_threads(),
     )  # fmt: skip
+    return y
+
+
+def gemm_bf16_supported() -> bool:
+    """Whether the linear kernel for bfloat16 weights builds on this CPU (AVX-512 BF16)."""
+    lib = load()
+    return lib is not None and lib.small_gemm_bf16_fast() == 1
+
+
+def pack_gemm_weight_bf16(w: torch.Tensor) -> torch.Tensor:
+    """(N, K) -> (ceil(N/32), ceil(K/2), 32, 2) bfloat16: panels of 32 columns holding pairs of
+    k (csrc/small_gemm_bf16.c), the extra columns and the odd k zero."""
+    n, k = w.shape
+    width = load().small_gemm_bf16_panel()
+    panels, pairs = -(-n // width), -(-k // 2)
+    padded = w.new_zeros(panels * width, 2 * pairs, dtype=torch.bfloat16)
+    padded[:n, :k] = w
+    pair_words = padded.view(torch.int32).view(panels, width, pairs)  # a k pair as one word
+    return (
+        pair_words.transpose(1, 2).contiguous().view(torch.bfloat16).view(panels, pairs, width, 2)
+    )
+
+
+def small_gemm_bf16(
+    x: torch.Tensor,  # (M, K) float32, any row stride
+    packed: torch.Tensor,  # pack_gemm_weight_bf16(w)
+    bias: torch.Tensor | None,  # (N,) float32
+    n: int,
+) -> torch.Tensor:  # (M, N) float32
+    """x @ w.T + bias with bfloat16 weights: x rounded to bfloat16, float32 accumulation."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    dtypes = {x.dtype} | ({bias.dtype} if bias is not None else set())
+    if packed.dtype != torch.bfloat16 or packed.shape[1] != -(-k // 2) or dtypes != {torch.float32}:
+        raise ValueError(
+            f"small_gemm_bf16: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)}"
+        )
+    y = x.new_empty(m, n)
+    b = None if bias is None else bias.contiguous()
+    rc = load().small_gemm_bf16(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
+        y.data_ptr(), m, n, k, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("small_gemm_bf16: out of memory for the bfloat16 rows")
     return y
 
 
