@@ -1,6 +1,7 @@
 """`model.dtype: auto` on a CPU, chosen by measurement: time the model's own linear shapes in
-float32 and in bfloat16 and keep the faster, once per CPU model, thread count, torch version and
-model shape (the choice is cached in the user's cache directory).
+float32 and in bfloat16, each through the path the engine takes for it, and keep the faster,
+once per CPU model, thread count, torch version, kernel build and model shape (the choice is
+cached in the user's cache directory).
 
 A rule cannot make this choice: on a Zen 5 (AVX-512 BF16, no AMX) a whole bf16 job ran twice as
 fast as float32, because decode steps are memory-bound and bf16 halves the weight traffic, while
@@ -44,6 +45,7 @@ def choose_cpu_dtype(hidden: int, intermediate: int) -> DtypeChoice:
     import torch
 
     key = _key(hidden, intermediate, torch.get_num_threads(), torch.__version__)
+    key += f"|kernels {_kernels_key()}"  # new kernels measure again
     cache = _read_cache()
     if key in cache:
         return DtypeChoice(**cache[key])
@@ -79,16 +81,21 @@ def _time_dtype(dtype: Any, hidden: int, intermediate: int, rival: float | None 
     import torch
     import torch.nn.functional as F
 
+    from jobrunner.engine.paged import cpu_kernels
     from jobrunner.engine.paged.small_linear import SmallRowLinear
 
     shapes = [(intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]
     copies = max(1, TRAFFIC_BYTES // (sum(o * i for o, i in shapes) * 4))
     # the values do not change the speed (no denormals); filling is much faster than randn
     weights = [torch.full((o, i), 0.01, dtype=dtype) for _ in range(copies) for o, i in shapes]
-    linear = SmallRowLinear() if dtype == torch.float32 else None
+    # float32 rows where the engine keeps them: float32 models, and bfloat16 ones whose weights
+    # the bf16 kernel multiplies (model.PagedCausalLM.act_dtype)
+    kernel = dtype == torch.float32 or cpu_kernels.gemm_bf16_supported()
+    linear = SmallRowLinear() if kernel else None
+    rows_dtype = torch.float32 if kernel else dtype
     total = 0.0
     for rows, ws in ((DECODE_ROWS, weights), (PREFILL_ROWS, weights[: len(shapes)])):
-        xs = {n: torch.full((rows, n), 0.5, dtype=dtype) for n in (hidden, intermediate)}
+        xs = {n: torch.full((rows, n), 0.5, dtype=rows_dtype) for n in (hidden, intermediate)}
         first = _pass(ws, xs, linear or F.linear) / rows  # packs float32 weights, warms caches
         if rival is not None and first > GIVE_UP * 2 * rival:
             return first  # one pass is enough to say it loses
@@ -114,6 +121,13 @@ def _has_native_bf16() -> bool:
 
 def _key(hidden: int, intermediate: int, threads: int, torch_version: str) -> str:
     return f"{_cpu()}|{threads} threads|torch {torch_version}|{hidden}x{intermediate}"
+
+
+def _kernels_key() -> str:
+    from jobrunner.engine.native_build import library_key
+    from jobrunner.engine.paged import cpu_kernels
+
+    return library_key(cpu_kernels.SOURCES, cpu_kernels.HEADERS)[:12]
 
 
 def _cpu() -> str:

@@ -3,6 +3,13 @@
 The projections (q/k/v/o, gate/up/down via the HF MLP, lm_head) are the HF `nn.Linear`
 modules themselves, so a quantizer that swaps them is picked up here too. Covered: Llama,
 Mistral (without an active sliding window), Qwen2 (qkv bias) and Qwen3 (q/k norm).
+
+A bfloat16 model on a CPU with AVX-512 BF16 computes with float32 activations (`act_dtype`):
+its linears multiply bfloat16 weights by rows rounded to bfloat16 with float32 accumulation
+(csrc/small_gemm_bf16.c), and the residual stream, norms, RoPE and attention queries stay
+float32, so every row kernel takes them and nothing is rounded between layers; the KV cache
+stays bfloat16. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in
+bfloat16 throughout, as HF does.
 """
 
 from __future__ import annotations
@@ -35,11 +42,14 @@ def unsupported_reason(hf_model: Any, max_model_len: int) -> str | None:
     return None
 
 
-def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def rms_norm(
+    module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """HF's Llama/Qwen RMSNorm in one fused op, bit-identical to the module: normalised in
-    float32, cast back, then scaled by the weight. Other norm modules are called as they are."""
+    float32, cast back, then scaled by the weight (`weight`: the module's, converted). Other
+    norm modules are called as they are."""
     eps = getattr(module, "variance_epsilon", None)
-    weight = getattr(module, "weight", None)
+    weight = getattr(module, "weight", None) if weight is None else weight
     if eps is None or weight is None or type(module).__name__ not in RMS_NORMS:
         return module(x)
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
@@ -79,8 +89,13 @@ class PagedCausalLM:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
-        self.dtype = hf_model.dtype  # the compute dtype: its first floating-point parameter's
-        self.cos, self.sin = self._rope_table(hf_model, max_model_len)  # (max_len, hd)
+        self.dtype = (
+            hf_model.dtype
+        )  # the weights' and KV cache's: its first floating-point parameter's
+        self.small_rows = SmallRowLinear() if SmallRowLinear.usable(hf_model) else F.linear
+        self.act_dtype = torch.float32 if self._float_rows(hf_model) else self.dtype
+        self.norm_weights = self._norm_weights(hf_model)  # module -> weight in act_dtype
+        self.cos, self.sin = self._rope_table(hf_model, max_model_len, self.act_dtype)
         self.rope_kernel = cpu_kernels.rope_supported(self.cos.dtype, self.cos.device)
         self.qkv = [
             _fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)
@@ -88,15 +103,35 @@ class PagedCausalLM:
         self.gate_up = [_fuse([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
         on_cpu = next(hf_model.parameters()).device.type == "cpu"
         self.mlp_tile = CPU_MLP_TILE if on_cpu else None
-        self.small_rows = SmallRowLinear() if SmallRowLinear.usable(hf_model) else F.linear
         self.stopping: Callable[[], bool] = _never  # asked between layers (StepInterrupted)
 
+    def _float_rows(self, hf_model: Any) -> bool:
+        """Whether a bfloat16 model keeps float32 activations: every linear plain and taken by
+        the bfloat16-weight kernel (else it computes in bfloat16, as HF does)."""
+        if self.dtype != torch.bfloat16 or not isinstance(self.small_rows, SmallRowLinear):
+            return False
+        mods = [hf_model.lm_head]
+        for x in self.layers:
+            a, m = x.self_attn, x.mlp
+            mods += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        return all(type(m) is nn.Linear for m in mods)
+
+    def _norm_weights(self, hf_model: Any) -> dict[nn.Module, torch.Tensor]:
+        """The RMSNorm weights in act_dtype where it differs from theirs (tiny copies)."""
+        if self.act_dtype == self.dtype:
+            return {}
+        norms = [m for m in hf_model.model.modules() if type(m).__name__ in RMS_NORMS]
+        return {m: m.weight.detach().to(self.act_dtype) for m in norms}
+
+    def _norm(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(module, x, self.norm_weights.get(module))
+
     @staticmethod
-    def _rope_table(hf_model: Any, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_table(hf_model: Any, max_len: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's own rotary module (all rope scaling types), evaluated once for every position."""
         param = next(hf_model.parameters())
         positions = torch.arange(max_len, device=param.device)[None]  # (1, max_len)
-        cos, sin = hf_model.model.rotary_emb(param.new_zeros(1), positions)
+        cos, sin = hf_model.model.rotary_emb(param.new_zeros(1, dtype=dtype), positions)
         return cos[0].contiguous(), sin[0].contiguous()
 
     @torch.inference_mode()
@@ -119,18 +154,18 @@ class PagedCausalLM:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         out_rows: torch.Tensor | None = None,  # (R,) token rows wanted; None: all
-    ) -> torch.Tensor:  # (R, D) after the final norm, in the compute dtype
+    ) -> torch.Tensor:  # (R, D) after the final norm, in act_dtype
         rope = (positions, None, None)  # the C kernel reads the tables by position
         if not self.rope_kernel:
             rope = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
-        h = self.hf.model.embed_tokens(input_ids)  # (T, D), a fresh tensor: updated in place
+        h = self.hf.model.embed_tokens(input_ids).to(self.act_dtype)  # (T, D), updated in place
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if self.stopping():
                 raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
             h += self._attention(i, layer, h, rope, meta, k_cache, v_cache)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
-                rows += self._mlp(i, layer.mlp, rms_norm(layer.post_attention_layernorm, rows))
-        return rms_norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
+                rows += self._mlp(i, layer.mlp, self._norm(layer.post_attention_layernorm, rows))
+        return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
 
     def _linear(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A plain nn.Linear through the small-row path; other modules (quantized) as they are."""
@@ -156,7 +191,7 @@ class PagedCausalLM:
 
     def _attention(self, i, layer, h, rope, meta, k_cache, v_cache) -> torch.Tensor:
         attn, T = layer.self_attn, h.shape[0]
-        x = rms_norm(layer.input_layernorm, h)
+        x = self._norm(layer.input_layernorm, h)
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         fused = _apply(self.qkv[i], mods, x, self.small_rows)  # (T, (nh + 2 nkv) hd) or None
@@ -171,7 +206,7 @@ class PagedCausalLM:
             k = parts[1].view(T, nkv, hd)  # (T, nkv, hd)
             v = parts[2].view(T, nkv, hd)
             if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
+                q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
             q, k = self._rotate(q.contiguous(), rope), self._rotate(k.contiguous(), rope)
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh * hd)
         return self._linear(attn.o_proj, o)

@@ -1,4 +1,4 @@
-"""Float32 linear layers on CPU, weights packed once (decode steps and prefill alike)."""
+"""Linear layers on CPU with weights packed once (decode steps and prefill alike)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,20 @@ from jobrunner.engine.paged import cpu_kernels
 
 
 class SmallRowLinear:
-    """Float32 linear layers on CPU with weights packed once: our AVX-512 or AVX2 kernel
-    (csrc/small_gemm.c) for every row count where it builds, else oneDNN's prepacked linear for
-    steps of up to ONEDNN_MAX_ROWS rows (decode, short prefill chunks) and F.linear beyond.
-    The kernel takes a prefill step's many rows a slice at a time that stays in L2 (1 thread,
-    SmolLM2's layer shapes: about 95 GFLOP/s, 92% of an AVX2 core's peak, against MKL's 82-89 at
-    1,024 and 4,096 rows; docs/performance.md). Packed copies are made lazily, one per weight,
-    and live as long as the model."""
+    """Linear layers on CPU with weights packed once, for float32 rows.
+
+    float32 weights: our AVX-512 or AVX2 kernel (csrc/small_gemm.c) for every row count where
+    it builds, else oneDNN's prepacked linear for steps of up to ONEDNN_MAX_ROWS rows (decode,
+    short prefill chunks) and F.linear beyond. The kernel takes a prefill step's many rows a
+    slice at a time that stays in L2 (1 thread, SmolLM2's layer shapes: about 95 GFLOP/s, 92%
+    of an AVX2 core's peak, against MKL's 82-89 at 1,024 and 4,096 rows; docs/performance.md).
+
+    bfloat16 weights (a bfloat16 model whose activations stay float32: model.PagedCausalLM):
+    the AVX-512 BF16 kernel (csrc/small_gemm_bf16.c), rows rounded to bfloat16 inside, float32
+    accumulation and output; a bias is kept in float32. Without that kernel such a model keeps
+    torch's bfloat16 linears (PagedCausalLM does not take this path).
+
+    Packed copies are made lazily, one per weight, and live as long as the model."""
 
     ONEDNN_MAX_ROWS = 256  # oneDNN's packed path is within 5% of MKL at 256 rows, slower beyond
 
@@ -25,33 +32,54 @@ class SmallRowLinear:
         self.native = cpu_kernels.gemm_supported()
         self.max_rows = None if self.native else self.ONEDNN_MAX_ROWS  # None: every row count
         self.packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(w) -> (w, packed)
+        self.biases: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(b) -> (b, float32)
 
     @staticmethod
     def usable(hf_model: Any) -> bool:
-        """float32 on CPU with a packed path, and room for a second copy of the weights."""
+        """On CPU with a packed path for the model's dtype, and room for a second copy of the
+        weights."""
         import psutil
 
         param = next(hf_model.parameters())
         weights = sum(p.numel() * p.element_size() for p in hf_model.parameters())
+        if param.dtype == torch.float32:
+            packed = cpu_kernels.gemm_supported() or torch.backends.mkldnn.is_available()
+        else:
+            packed = param.dtype == torch.bfloat16 and cpu_kernels.gemm_bf16_supported()
         return (
             param.device.type == "cpu"
-            and param.dtype == torch.float32
-            and (cpu_kernels.gemm_supported() or torch.backends.mkldnn.is_available())
+            and packed
             and 4 * weights < psutil.virtual_memory().available
         )
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        too_many = self.max_rows is not None and x.shape[0] > self.max_rows
-        if too_many or x.dtype != torch.float32 or x.dim() != 2:
+        if x.dtype != torch.float32 or x.dim() != 2:
             return F.linear(x, w, b)
+        if w.dtype == torch.bfloat16:
+            return cpu_kernels.small_gemm_bf16(x, self._packed(w), self._float(b), w.shape[0])
+        if self.max_rows is not None and x.shape[0] > self.max_rows:
+            return F.linear(x, w, b)
+        if self.native:
+            return cpu_kernels.small_gemm(x, self._packed(w), b, w.shape[0])
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed(w), b, "none", [], "")
+
+    def _packed(self, w: torch.Tensor) -> torch.Tensor:
         entry = self.packed.get(id(w))
         if entry is None or entry[0] is not w:
             entry = self.packed[id(w)] = (w, self._pack(w))
-        if self.native:
-            return cpu_kernels.small_gemm(x, entry[1], b, w.shape[0])
-        return torch.ops.mkldnn._linear_pointwise(x, entry[1], b, "none", [], "")
+        return entry[1]
+
+    def _float(self, b: torch.Tensor | None) -> torch.Tensor | None:
+        if b is None or b.dtype == torch.float32:
+            return b
+        entry = self.biases.get(id(b))
+        if entry is None or entry[0] is not b:
+            entry = self.biases[id(b)] = (b, b.float())
+        return entry[1]
 
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
+        if w.dtype == torch.bfloat16:
+            return cpu_kernels.pack_gemm_weight_bf16(w)
         if self.native:
             return cpu_kernels.pack_gemm_weight(w)
         return torch.ops.mkldnn._reorder_linear_weight(w, None)
