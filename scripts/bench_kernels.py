@@ -101,16 +101,18 @@ def nominal_ghz() -> float | None:
     return None
 
 
-def peak_flops(cores: int) -> tuple[float, str]:
-    """float32 FLOP/s peak of `cores` cores for the kernels' ISA, and how it was computed."""
+def peak_flops(cores: int, bf16: bool = False) -> tuple[float, str]:
+    """FLOP/s peak of `cores` cores for the kernels' ISA, and how it was computed: float32 FMAs,
+    or with `bf16` (AVX-512 BF16) vdpbf16ps, two multiply-adds a float32 lane."""
     isa = cpu_kernels.isa() or "scalar"
     ghz, how = clock_ghz(), "measured"
     if ghz is None:
         ghz, how = nominal_ghz() or 2.0, "nominal"
-    lanes = LANES[isa]
+    lanes = LANES[isa] * (2 if bf16 else 1)
     peak = cores * ghz * 1e9 * lanes * 2 * 2
+    unit = "bfloat16 pairs (vdpbf16ps)" if bf16 else f"lanes ({isa})"
     note = (
-        f"{cores} cores x {ghz:.2f} GHz ({how}) x {lanes} lanes ({isa}) x 2 FMA units x 2"
+        f"{cores} cores x {ghz:.2f} GHz ({how}) x {lanes} {unit} x 2 FMA units x 2"
         f" = {peak / 1e9:.0f} GFLOP/s"
     )
     nominal = nominal_ghz()
@@ -154,6 +156,45 @@ def bench_gemm(clock: Clock, rows: list[int]) -> None:
             if m <= 16:
                 cells[-1] += f" {wbytes / s / 1e9:5.1f} GB/s"
         print(f"  {m:4d} rows: " + " | ".join(cells), flush=True)
+
+
+def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
+    """bfloat16 weights: torch's F.linear on bfloat16 rows (oneDNN) against our vdpbf16ps kernel
+    on float32 rows (rounded to bfloat16 inside); the bfloat16 peak is twice float32's (one
+    vdpbf16ps does 32 multiply-adds where an FMA does 16)."""
+    if not cpu_kernels.gemm_bf16_supported():
+        print("\n[gemm-bf16] skipped: no AVX-512 BF16 kernel on this CPU")
+        return
+    shapes = [(NH * HD + 2 * NKV * HD, HIDDEN), (HIDDEN, HIDDEN), (2 * MLP, HIDDEN), (HIDDEN, MLP)]
+    g = torch.Generator().manual_seed(0)
+    weights = [
+        (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+        for _ in range(LAYERS)
+        for n, k in shapes
+    ]
+    flops_per_row = 2 * sum(w.numel() for w in weights)
+    wbytes = 2 * sum(w.numel() for w in weights)
+    print(f"\n[gemm-bf16] the same linears in bfloat16 ({wbytes / 1e6:.0f} MB); peak x 2")
+    ours = [cpu_kernels.pack_gemm_weight_bf16(w) for w in weights]
+    for m in rows:
+        x32 = {k: torch.randn(m, k, generator=g) for k in (HIDDEN, MLP)}
+        x16 = {k: v.to(torch.bfloat16) for k, v in x32.items()}
+        paths = {
+            "F.linear bf16": partial(_linears, _f_linear, x16, weights, weights),
+            "kernel bf16": partial(_linears, _kernel_bf16, x32, weights, ours),
+        }
+        cells = []
+        for name, fn in paths.items():
+            s = clock.best(fn)
+            rate = flops_per_row * m / s
+            cells.append(f"{name} {s * 1e3:6.1f} ms {rate / 1e9:5.1f} GF/s {rate / peak / 2:4.0%}")
+            if m <= 16:
+                cells[-1] += f" {wbytes / s / 1e9:5.1f} GB/s"
+        print(f"  {m:4d} rows: " + " | ".join(cells), flush=True)
+
+
+def _kernel_bf16(x, w, p):
+    return cpu_kernels.small_gemm_bf16(x, p, None, w.shape[0])
 
 
 def _linears(linear, xs, weights, packed) -> None:
@@ -321,7 +362,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--only", default="peak,gemm,decode,prefill,rows")
+    p.add_argument("--only", default="peak,gemm,gemm-bf16,decode,prefill,rows")
     p.add_argument("--gemm-rows", default="1,16,52,128,256,512,1024")
     p.add_argument("--baseline-lib", default=None, help="another build of csrc/ to time alongside")
     args = p.parse_args()
@@ -335,6 +376,8 @@ def main() -> None:
     print(f"kernels: {cpu_kernels.isa()}; threads {args.threads}; peak {note}")
     if "gemm" in only:
         bench_gemm(clock, [int(r) for r in args.gemm_rows.split(",")])
+    if "gemm-bf16" in only:
+        bench_gemm_bf16(clock, [int(r) for r in args.gemm_rows.split(",")], peak)
     if "decode" in only:
         bench_decode(clock, baseline)
     if "prefill" in only:
