@@ -74,6 +74,7 @@ def test_duplicates_split_one_computation():
     assert follower.usage.cost_usd == pytest.approx(0.25)
     assert other.usage.cost_usd == pytest.approx(0.5)
     assert saved.dedup_usd == pytest.approx(0.5)  # the computation the follower did not need
+    assert saved.dedup_prompt_tokens == pytest.approx(20)  # the follower's prompt, not computed
 
 
 @settings(deadline=None)

@@ -41,17 +41,20 @@ class Savings:
     cache_usd: float = 0.0
     dedup_usd: float = 0.0
     work_units: float = 0.0
+    dedup_prompt_tokens: float = 0.0  # duplicate rows' prompt tokens, which no step computed
 
     def add(self, other: Savings) -> None:
         self.cache_usd += other.cache_usd
         self.dedup_usd += other.dedup_usd
         self.work_units += other.work_units
+        self.dedup_prompt_tokens += other.dedup_prompt_tokens
 
     def to_json(self) -> dict[str, float]:
         return {
             "cache_saved_usd": self.cache_usd,
             "dedup_saved_usd": self.dedup_usd,
             "work_units": self.work_units,
+            "dedup_prompt_tokens": self.dedup_prompt_tokens,
         }
 
 
@@ -128,6 +131,8 @@ def _savings(results: Sequence[Result], costs: list[float], work: float) -> Savi
         k = max(r.shared_with, 1)
         saved.cache_usd += rate * r.usage.cached_tokens / k
         saved.dedup_usd += usd * (k - 1)
+        # each of a group's k rows carries the leader's usage: k (k - 1) / k = the followers'
+        saved.dedup_prompt_tokens += r.usage.computed_prompt_tokens * (k - 1) / k
     return saved
 
 

@@ -34,7 +34,7 @@ class Rows:
 class Tokens:
     prompt: int = 0
     cached: int = 0  # prompt tokens served from the prefix cache
-    computed_prompt: int = 0  # prompt - cached
+    computed_prompt: int = 0  # prompt - cached - duplicate rows' prompts
     completion: int = 0
     total: int = 0  # prompt + completion
 

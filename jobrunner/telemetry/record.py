@@ -23,7 +23,7 @@ ENGINE_COUNTERS = (
     "accepted_draft_tokens",
     "deduplicated",
 )
-SAVINGS = ("cache_saved_usd", "dedup_saved_usd")
+SAVINGS = ("cache_saved_usd", "dedup_saved_usd", "dedup_prompt_tokens")
 
 
 @dataclass
@@ -54,6 +54,7 @@ class RunRecord:
     notes: list[str] = field(default_factory=list)
     cache_saved_usd: float = 0.0
     dedup_saved_usd: float = 0.0
+    dedup_prompt_tokens: float = 0.0  # prompt tokens of duplicate rows (not computed)
     energy_kwh: float | None = None
     sample_interval_s: float | None = None
     weights: dict[str, Any] = field(default_factory=dict)  # quantization, quality, KV cache

@@ -76,7 +76,9 @@ def build_report(rundir: RunDir) -> Report:
         tokens=Tokens(
             t["prompt_tokens"],
             t["cached_tokens"],
-            t["prompt_tokens"] - t["cached_tokens"],
+            t["prompt_tokens"]
+            - t["cached_tokens"]
+            - round(sum(r.dedup_prompt_tokens for r in runs)),
             t["completion_tokens"],
             tokens,
         ),
