@@ -1,0 +1,163 @@
+"""Where a paged engine step's time goes, on the CPU: prefill of many short rows, prefill of a
+few long ones, and decode.
+
+Each workload runs the paged engine on the built-in model over the sample prompts, with the
+model's parts wrapped in timers that read the process's CPU time (all threads; on a machine
+other processes load, CPU time is what this process spent, where wall time also counts their
+turns): the linears (apart from lm_head), lm_head, attention, the norms, SiLU x up, RoPE, and the
+rest of the forward pass (embedding, residual adds, slices). Each part prints its seconds, its
+share of the forward time and, for the linears, its GFLOP/s against the CPU's peak for the
+dtype that runs (scripts/bench_kernels.py). Steps are counted as prefill when they compute
+any prompt token, else as decode.
+
+    python scripts/profile_step.py                       # float32, 1 thread, all workloads
+    python scripts/profile_step.py --dtype bfloat16 --threads 2 --only short,decode
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", default="short,long,decode", help="short, long, decode")
+    p.add_argument("--rows", type=int, default=64, help="rows of the short prefill workload")
+    return p.parse_args()
+
+
+args = parse_args()
+os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+
+import torch  # noqa: E402
+from bench import mixed_prompts, prefill_flops  # noqa: E402
+from bench_kernels import peak_flops  # noqa: E402
+from bench_runs import requests  # noqa: E402
+
+from jobrunner.config import JobConfig, ModelConfig  # noqa: E402
+from jobrunner.engine.engines import ENGINES  # noqa: E402
+from jobrunner.engine.loader import load_model  # noqa: E402
+from jobrunner.engine.paged import cpu_kernels  # noqa: E402
+from jobrunner.engine.paged import model as paged_model  # noqa: E402
+from jobrunner.prep.order import order_requests  # noqa: E402
+
+
+class Parts:
+    """CPU seconds (and linear FLOPs) by part, kept apart for prefill and decode steps."""
+
+    def __init__(self) -> None:
+        self.seconds = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+        self.flops = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+        self.steps = {"prefill": 0, "decode": 0}
+        self.kind = "decode"
+
+    def timed(self, part: str, fn):
+        def wrapper(*a, **kw):
+            t0 = time.process_time()
+            out = fn(*a, **kw)
+            self.seconds[self.kind][part] += time.process_time() - t0
+            return out
+
+        return wrapper
+
+
+def instrument(eng, parts: Parts) -> None:
+    """Times this engine's linears and forward passes into `parts`; the module-level parts
+    (attention, SiLU, RoPE) are wrapped once, in `main`, and read `PARTS`."""
+    m = eng.model
+    vocab, small_rows, forward = m.hf.config.vocab_size, m.small_rows, m.forward
+
+    def linear(x, weight, bias=None):
+        t0 = time.process_time()
+        out = small_rows(x, weight, bias)
+        part = "lm_head" if weight.shape[0] == vocab else "linears"
+        parts.seconds[parts.kind][part] += time.process_time() - t0
+        parts.flops[parts.kind][part] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
+        return out
+
+    def step(input_ids, positions, meta, kv_caches, logits_rows):
+        parts.kind = "decode" if input_ids.shape[0] == logits_rows.shape[0] else "prefill"
+        parts.steps[parts.kind] += 1
+        return parts.timed("forward", forward)(input_ids, positions, meta, kv_caches, logits_rows)
+
+    m.small_rows, m._norm, m.forward = linear, parts.timed("norms", m._norm), step
+    PARTS[0] = parts
+
+
+PARTS: list[Parts] = [Parts()]  # the workload being timed
+
+
+def wrap_modules() -> None:
+    def timed(part: str, fn):
+        return lambda *a, **kw: PARTS[0].timed(part, fn)(*a, **kw)
+
+    paged_model.paged_attention = timed("attention", paged_model.paged_attention)
+    cpu_kernels.silu_mul = timed("silu x up", cpu_kernels.silu_mul)
+    cpu_kernels.rope_ = timed("rope", cpu_kernels.rope_)
+
+
+def workloads(tokenizer) -> dict[str, tuple[list[list[int]], int]]:
+    """name: (prompts, new tokens a row)."""
+    short = mixed_prompts(tokenizer, args.rows, 256)
+    long = [p for p in mixed_prompts(tokenizer, 64, 2700) if len(p) >= 1500][:4]
+    decode = mixed_prompts(tokenizer, 32, 600)
+    return {"short": (short, 1), "long": (long, 1), "decode": (decode, 32)}
+
+
+def report(name: str, parts: Parts, peak: float, flops_prefill: float | None) -> None:
+    for kind in ("prefill", "decode"):
+        sec, fl = parts.seconds[kind], parts.flops[kind]
+        total = sec.pop("forward", 0.0)
+        if not parts.steps[kind] or total <= 0:
+            continue
+        rest = total - sum(sec.values())
+        line = f"{name} {kind}: {parts.steps[kind]} steps, {total:.2f} s of CPU"
+        if kind == "prefill" and flops_prefill:
+            rate = flops_prefill / total * args.threads
+            line += f", {rate / 1e9:.1f} GFLOP/s = {rate / peak:.0%} of peak"
+        print(line)
+        for part, s in sorted(sec.items(), key=lambda kv: -kv[1]) + [("the rest", rest)]:
+            note = ""
+            if fl.get(part):
+                rate = fl[part] / s * args.threads
+                note = f"  {rate / 1e9:.1f} GFLOP/s = {rate / peak:.0%} of peak"
+            print(f"  {part:<10} {s:7.2f} s {s / total:6.1%}{note}")
+
+
+def main() -> None:
+    torch.set_num_threads(args.threads)
+    loaded = load_model(ModelConfig(dtype=args.dtype))
+    dtype = loaded.model.dtype
+    mixed = dtype == torch.bfloat16 and cpu_kernels.gemm_bf16_supported()
+    peak, how = peak_flops(args.threads, bf16=mixed)
+    print(f"dtype {str(dtype).removeprefix('torch.')}, kernels {cpu_kernels.isa()}; peak {how}")
+    cfg = JobConfig()
+    cfg.model.max_model_len = 4096
+    cfg.engine.prefix_caching = False  # every prompt token computed, as counted
+    wrap_modules()
+    for name, (prompts, new) in workloads(loaded.tokenizer).items():
+        if name not in args.only.split(","):
+            continue
+        eng = ENGINES.get("paged")(loaded, cfg)
+        parts = Parts()
+        instrument(eng, parts)
+        reqs = requests(prompts, new, True)
+        t0 = time.perf_counter()
+        list(eng.generate(order_requests(reqs, 4096)))
+        tokens = sum(map(len, prompts))
+        print(f"\n{name}: {len(prompts)} rows, {tokens} prompt tokens, {new} new tokens a row,")
+        print(f"  {time.perf_counter() - t0:.2f} s wall")
+        report(name, parts, peak, prefill_flops(loaded.model.config, prompts))
+
+
+if __name__ == "__main__":
+    main()
