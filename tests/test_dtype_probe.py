@@ -10,6 +10,7 @@ import torch
 from jobrunner.config import ModelConfig
 from jobrunner.engine import dtype_probe
 from jobrunner.engine.loader import load_model, pick_dtype
+from jobrunner.engine.paged.small_linear import SmallRowLinear
 from jobrunner.telemetry.device import cpu_name
 
 
@@ -21,15 +22,15 @@ def cache_home(tmp_path, monkeypatch):
     return path
 
 
-def fake_timings(monkeypatch, f32: float, bf16: float) -> list[str]:
-    calls: list[str] = []
+def fake_timings(monkeypatch, f32: float, bf16: float) -> list[tuple[int, int]]:
+    calls: list[tuple[int, int]] = []
 
-    def timed(dtype, hidden, intermediate, rival=None):
-        calls.append(str(dtype).removeprefix("torch."))
-        return f32 if dtype == torch.float32 else bf16
+    def timed(hidden, intermediate):
+        calls.append((hidden, intermediate))
+        return {"float32": f32, "bfloat16": bf16}
 
     monkeypatch.setattr(dtype_probe, "_has_native_bf16", lambda: True)
-    monkeypatch.setattr(dtype_probe, "_time_dtype", timed)
+    monkeypatch.setattr(dtype_probe, "_time_dtypes", timed)
     return calls
 
 
@@ -46,7 +47,7 @@ def test_bfloat16_is_chosen_only_when_it_is_clearly_faster(monkeypatch, f32, bf1
 
 def test_a_cpu_without_bfloat16_instructions_keeps_float32_without_measuring(monkeypatch):
     monkeypatch.setattr(dtype_probe, "_has_native_bf16", lambda: False)
-    monkeypatch.setattr(dtype_probe, "_time_dtype", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(dtype_probe, "_time_dtypes", lambda *a, **k: pytest.fail("measured"))
     choice = dtype_probe.measure(576, 1536)
     assert choice.dtype == "float32" and "no bfloat16 instructions" in choice.reason
 
@@ -55,11 +56,11 @@ def test_the_choice_is_measured_once_per_cpu_thread_count_and_shape(monkeypatch,
     calls = fake_timings(monkeypatch, 2.0, 1.0)
     first = dtype_probe.choose_cpu_dtype(576, 1536)
     assert dtype_probe.choose_cpu_dtype(576, 1536) == first
-    assert calls == ["float32", "bfloat16"]  # the second answer came from the cache
+    assert calls == [(576, 1536)]  # the second answer came from the cache
     (key,) = json.loads(cache_home.read_text())
     assert cpu_name() in key and f"{torch.get_num_threads()} threads" in key
     dtype_probe.choose_cpu_dtype(2048, 8192)  # another model shape is measured anew
-    assert len(calls) == 4
+    assert len(calls) == 2
 
 
 def test_an_unwritable_cache_only_means_measuring_again(monkeypatch, tmp_path):
@@ -69,13 +70,22 @@ def test_an_unwritable_cache_only_means_measuring_again(monkeypatch, tmp_path):
     calls = fake_timings(monkeypatch, 1.0, 2.0)
     assert dtype_probe.choose_cpu_dtype(576, 1536).dtype == "float32"
     assert dtype_probe.choose_cpu_dtype(576, 1536).dtype == "float32"
-    assert len(calls) == 4
+    assert len(calls) == 2
 
 
-def test_the_real_measurement_returns_a_per_token_time_for_each_dtype():
-    f32 = dtype_probe._time_dtype(torch.float32, 576, 1536)  # SmolLM2's shapes
-    bf16 = dtype_probe._time_dtype(torch.bfloat16, 576, 1536, f32)
-    assert f32 > 0 and bf16 > 0
+def test_the_real_measurement_times_each_dtype_after_packing_its_weights(monkeypatch):
+    # Packing is a one-time cost at load, not part of a step: a probe that timed it made a
+    # bfloat16 kernel look 8x slower than float32 and kept float32 on a CPU where bf16 wins.
+    events: list[str] = []
+    pack, timed = SmallRowLinear._pack, dtype_probe._pass
+    monkeypatch.setattr(
+        SmallRowLinear, "_pack", lambda self, w: events.append("pack") or pack(self, w)
+    )
+    monkeypatch.setattr(dtype_probe, "_pass", lambda *a: events.append("timed") or timed(*a))
+    per_token = dtype_probe._time_dtypes(576, 1536)  # SmolLM2's shapes
+    assert per_token["float32"] > 0 and per_token["bfloat16"] > 0
+    assert "pack" in events and "timed" in events  # float32 always takes the packed path
+    assert "pack" not in events[events.index("timed") :]  # every weight packed before timing
 
 
 def test_auto_on_cpu_loads_the_built_in_model_in_the_chosen_dtype(monkeypatch, cache_home):

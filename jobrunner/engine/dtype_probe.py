@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ MARGIN = 1.15  # bfloat16 must be this much faster than float32 to be chosen
 DECODE_ROWS = 32  # a decode step of a modest batch (memory-bound)
 PREFILL_ROWS = 256  # a prefill chunk (compute-bound: one copy of the weights is enough)
 TRAFFIC_BYTES = 64 << 20  # float32 weight bytes per decode pass, beyond most last-level caches
-GIVE_UP = 1.5  # a candidate whose first pass is this much slower than float32 cannot win
+GIVE_UP = 3.0  # bfloat16 this much slower than float32 after a round cannot win
+ROUNDS = 10  # timings of each dtype, alternating; the best of each part counts
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,7 @@ def measure(hidden: int, intermediate: int) -> DtypeChoice:
 
     if not _has_native_bf16():
         return DtypeChoice("float32", f"{_cpu()} has no bfloat16 instructions", {})
-    per_token = {"float32": _time_dtype(torch.float32, hidden, intermediate)}
-    per_token["bfloat16"] = _time_dtype(torch.bfloat16, hidden, intermediate, per_token["float32"])
+    per_token = _time_dtypes(hidden, intermediate)
     speedup = per_token["float32"] / per_token["bfloat16"]
     dtype = "bfloat16" if speedup >= MARGIN else "float32"
     reason = (
@@ -73,11 +74,31 @@ def measure(hidden: int, intermediate: int) -> DtypeChoice:
     return DtypeChoice(dtype, reason, per_token)
 
 
-def _time_dtype(dtype: Any, hidden: int, intermediate: int, rival: float | None = None) -> float:
-    """Seconds per token, the mean of a decode step and a prefill chunk over the model's MLP
-    shapes, through the path the engine takes for that dtype (float32: the packed small-row
-    linear). Decode cycles through copies of the weights, so they come from memory as in a real
-    step; prefill is compute-bound and uses one copy."""
+def _time_dtypes(hidden: int, intermediate: int) -> dict[str, float]:
+    """Each dtype's seconds per token (the mean of a decode step's and a prefill chunk's), each
+    part the best of ROUNDS rounds that alternate between the dtypes, so a burst of other work
+    on the machine slows a round of both rather than one dtype's whole measurement."""
+    import torch
+
+    runs = {
+        "float32": _candidate(torch.float32, hidden, intermediate),
+        "bfloat16": _candidate(torch.bfloat16, hidden, intermediate),
+    }
+    best = {name: [float("inf"), float("inf")] for name in runs}  # decode, prefill
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            best[name] = [min(b, t) for b, t in zip(best[name], run(), strict=True)]
+        if sum(best["bfloat16"]) > GIVE_UP * sum(best["float32"]):
+            break  # it cannot win
+    return {name: sum(parts) / 2 for name, parts in best.items()}
+
+
+def _candidate(dtype: Any, hidden: int, intermediate: int) -> Callable[[], tuple[float, float]]:
+    """One timing of `dtype` (seconds per token of a decode step and of a prefill chunk over
+    the model's MLP shapes) through the path the engine takes for it (float32: the packed
+    small-row linear), its weights packed beforehand as the engine's are at load. Decode cycles
+    through copies of the weights, so they come from memory as in a real step; prefill is
+    compute-bound and uses one copy."""
     import torch
     import torch.nn.functional as F
 
@@ -91,16 +112,21 @@ def _time_dtype(dtype: Any, hidden: int, intermediate: int, rival: float | None 
     # float32 rows where the engine keeps them: float32 models, and bfloat16 ones whose weights
     # the bf16 kernel multiplies (model.PagedCausalLM.act_dtype)
     kernel = dtype == torch.float32 or cpu_kernels.gemm_bf16_supported()
-    linear = SmallRowLinear() if kernel else None
+    linear = SmallRowLinear() if kernel else F.linear
     rows_dtype = torch.float32 if kernel else dtype
-    total = 0.0
-    for rows, ws in ((DECODE_ROWS, weights), (PREFILL_ROWS, weights[: len(shapes)])):
-        xs = {n: torch.full((rows, n), 0.5, dtype=rows_dtype) for n in (hidden, intermediate)}
-        first = _pass(ws, xs, linear or F.linear) / rows  # packs float32 weights, warms caches
-        if rival is not None and first > GIVE_UP * 2 * rival:
-            return first  # one pass is enough to say it loses
-        total += min(_pass(ws, xs, linear or F.linear) for _ in range(2)) / rows
-    return total / 2
+
+    def rows(n: int) -> dict[int, Any]:
+        return {k: torch.full((n, k), 0.5, dtype=rows_dtype) for k in (hidden, intermediate)}
+
+    decode, prefill, one_row = rows(DECODE_ROWS), rows(PREFILL_ROWS), rows(1)
+    for w in weights:  # packs every weight, untimed, and warms the code paths
+        linear(one_row[w.shape[1]], w, None)
+
+    def run() -> tuple[float, float]:
+        step = _pass(weights, decode, linear) / DECODE_ROWS
+        return step, _pass(weights[: len(shapes)], prefill, linear) / PREFILL_ROWS
+
+    return run
 
 
 def _pass(weights: list[Any], xs: dict[int, Any], linear: Any) -> float:
