@@ -32,6 +32,7 @@ DECODE_ROWS = 32  # a decode step of a modest batch (memory-bound)
 PREFILL_ROWS = 256  # a prefill chunk (compute-bound: one copy of the weights is enough)
 TRAFFIC_BYTES = 64 << 20  # float32 weight bytes per decode pass, beyond most last-level caches
 GIVE_UP = 3.0  # bfloat16 this much slower than float32 after a round cannot win
+PROBE_VERSION = 2  # 2: packing untimed, alternating rounds (1 timed packing: float32 won)
 ROUNDS = 10  # timings of each dtype, alternating; the best of each part counts
 
 
@@ -47,7 +48,7 @@ def choose_cpu_dtype(hidden: int, intermediate: int) -> DtypeChoice:
     import torch
 
     key = _key(hidden, intermediate, torch.get_num_threads(), torch.__version__)
-    key += f"|kernels {_kernels_key()}"  # new kernels measure again
+    key += f"|kernels {_kernels_key()}|probe {PROBE_VERSION}"  # new kernels or probe: again
     cache = _read_cache()
     if key in cache:
         return DtypeChoice(**cache[key])
