@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobrunner.calibration import POOL_PER_ROW, calibrate_run, spread_by_length
 from jobrunner.config import JobConfig
 from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, pick_dtype
 from jobrunner.engine.samples import num_runs
@@ -27,7 +28,7 @@ from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import api_equivalent, api_prices, device_rate, price_warnings
-from jobrunner.telemetry.profile import DeviceProfile, load_profile, profile_key, record
+from jobrunner.telemetry.profile import DeviceProfile, load_profile, profile_key
 from jobrunner.telemetry.simulate import replay
 from jobrunner.telemetry.throughput import StepModel, fit_step_model, roofline_model
 
@@ -51,6 +52,7 @@ class Scan:
     # row, in input order: a row with n samples is n computations (a greedy one is one, n choices)
     deduplicated: int = 0
     sample: list[Any] = field(default_factory=list)  # reservoir of requests for calibration
+    longest: Any = None  # the request of the most prompt tokens (calibration spans lengths)
 
 
 def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int = 0) -> Scan:
@@ -79,7 +81,9 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
             computed = n - _cached(item.prompt_token_ids, cfg, seen_blocks)
             s.computed_prompt_tokens += computed
             s.unique_rows.append((n, computed, bound, _can_stop(item), item.sampling.n // runs))
-        _reservoir(s.sample, item, len(s.unique_bounds), sample_size, rng)
+        _reservoir(s.sample, item, len(s.unique_bounds), sample_size * POOL_PER_ROW, rng)
+        if sample_size and (s.longest is None or n > s.longest.num_prompt_tokens):
+            s.longest = item
     return s
 
 
@@ -142,14 +146,15 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
     scan = scan_input(cfg, load_tokenizer(cfg.model), sample_size=calibrate)
     device = detect_device()
     rate = device_rate(device, cfg.cost)
-    key = profile_key(cfg, device)
+    key = profile_key(cfg, device, compute_dtype(cfg))
     share, how = (
         None,
         "upper bound: every row generates max_new_tokens (use --calibrate N to measure)",
     )
     if calibrate:
-        share = calibrate_run(cfg, scan.sample, key)
-        how = f"measured: {share:.0%} of max_new_tokens over {len(scan.sample)} sampled rows"
+        sample = spread_by_length([*scan.sample, *filter(None, [scan.longest])], calibrate)
+        share = calibrate_run(cfg, sample, key)
+        how = f"measured: {share:.0%} of max_new_tokens over {len(sample)} sampled rows"
     profile = load_profile(key)
     if share is None and profile is not None and profile.completion_share is not None:
         share = profile.completion_share
@@ -246,43 +251,6 @@ def _overheads(profile: DeviceProfile | None, steps: int, rows: int) -> float:
     )
 
 
-def calibrate_run(cfg: JobConfig, sample: list[Any], key: str) -> float:
-    """Generate the sampled rows with the real model, add the measured steps to this device's
-    profile, and return the share of max_new_tokens the rows that may stop used."""
-    from jobrunner.engine.engines import make_engine
-    from jobrunner.engine.loader import load_model
-    from jobrunner.engine.quant import apply_quantization
-
-    if not sample:
-        raise ValueError("no valid rows to calibrate on")
-    t0 = time.monotonic()
-    loaded = load_model(cfg.model)
-    apply_quantization(loaded, cfg.model)  # calibrate the speed of the weights the job will run
-    engine = make_engine(loaded, cfg)
-    engine.warm_up()  # as start_engine does: its one-off work is load time
-    load_s = time.monotonic() - t0
-    # Two batch sizes, so the fit can tell the fixed cost of a step from each sequence's share.
-    cut = max(1, len(sample) // 3)
-    results = [
-        r for part in (sample[:cut], sample[cut:]) if part for r in engine.generate(iter(part))
-    ]
-    by_id = {r.id: r for r in sample}
-    used = [
-        (r.usage.completion_tokens, by_id[r.id].sampling.max_new_tokens * by_id[r.id].sampling.n)
-        for r in results
-        if r.ok and not by_id[r.id].sampling.ignore_eos
-    ]
-    share = sum(u for u, _ in used) / sum(b for _, b in used) if used else 1.0
-    record(
-        key,
-        steps=engine.stats.step_log,
-        load_seconds=load_s,
-        engine_seconds=engine.stats.engine_seconds,
-        completion_fraction=share if used else None,
-    )
-    return share
-
-
 def model_size(cfg: JobConfig) -> tuple[int, int]:
     """(parameters, bytes per parameter at run time), read from headers, not weights."""
 
@@ -298,14 +266,21 @@ def model_size(cfg: JobConfig) -> tuple[int, int]:
     return n, dtype_bytes
 
 
+def compute_dtype(cfg: JobConfig) -> str:
+    """The dtype the run will compute in: model.dtype, or what `auto` picks on this device
+    (on a CPU the dtype probe's cached choice, engine/dtype_probe.py)."""
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    import torch
+
+    where = torch.device("cuda" if detect_device().kind == "cuda" else "cpu")
+    dtype, _ = pick_dtype("auto", where, local_dir_or_gguf(cfg.model))
+    return str(dtype).removeprefix("torch.")
+
+
 def compute_dtype_bytes(cfg: JobConfig) -> int:
     """Bytes of one activation (and KV-cache value, under kv_cache_dtype: auto)."""
-    if cfg.model.dtype == "auto" and detect_device().kind == "cpu":
-        import torch
-
-        dtype, _ = pick_dtype("auto", torch.device("cpu"), local_dir_or_gguf(cfg.model))
-        return dtype.itemsize
-    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2)
+    return 4 if compute_dtype(cfg) == "float32" else 2
 
 
 def kv_bytes_per_token(cfg: JobConfig) -> int:

@@ -149,7 +149,7 @@ def _record_profile(cfg: JobConfig, device, engine, committer: Committer, run: R
     bound = ledger.computations * cfg.generation.max_new_tokens * cfg.generation.n
     try:
         profile.record(
-            profile.profile_key(cfg, device),
+            profile.profile_key(cfg, device, str(engine.loaded.dtype).removeprefix("torch.")),
             steps=engine.stats.step_log,
             load_seconds=run.load_seconds,
             engine_seconds=run.engine_seconds,

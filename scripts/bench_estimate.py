@@ -14,7 +14,9 @@ Other jobs on the machine change its speed from minute to minute, which no estim
 So the bench waits (up to --wait seconds) for the 1-minute load average to fall below
 --quiet-below before each workload, prints the load average around each run, and separates the
 two errors: `speed` is the run's measured step time over what the estimate's step model says
-for those same steps (1.00: the machine ran as fast as when the profile was measured), and
+for those same steps (1.00: the machine ran as fast as when the profile was measured; `prefill`
+and `decode` the same for the steps that compute prompt tokens and for those that only
+decode, which tells a term the model misses from a machine that ran slower overall), and
 `at run speed` is the wall-time error once the forward time is scaled by it, the error of the
 model itself (the replayed steps, the step-time terms, load and overheads).
 
@@ -112,20 +114,30 @@ def wait_for_quiet(below: float, wait: float) -> float:
     return os.getloadavg()[0]
 
 
-def speed(out: Path, throughput: dict) -> float:
-    """The run's measured step seconds over the estimate's step model on the same steps."""
+def speed(out: Path, throughput: dict) -> tuple[float, float, float]:
+    """The run's measured step seconds over the estimate's step model on the same steps: all
+    of them, those that compute prompt tokens, and those that only decode."""
     model = StepModel(**throughput)
     steps = pq.read_table(out / "telemetry" / "steps.parquet").to_pylist()
-    predicted = sum(
-        model.step_seconds(
+    sums = {True: [0.0, 0.0], False: [0.0, 0.0]}  # prefill in it -> [measured, predicted]
+    for s in steps:
+        predicted = model.step_seconds(
             s["prefill_tokens"] or 0,
             s["decode_tokens"] or 0,
             int(s["kv_blocks_used"] or 0) * 16 if s["decode_tokens"] else 0,
             s.get("prefill_context_tokens") or 0,
         )
-        for s in steps
-    )
-    return sum(s["step_seconds"] for s in steps) / predicted if predicted else float("nan")
+        kind = sums[bool(s["prefill_tokens"])]
+        kind[0] += s["step_seconds"]
+        kind[1] += predicted
+    ratio = [m / p if p else float("nan") for m, p in sums.values()]
+    measured, predicted = (sum(v[i] for v in sums.values()) for i in (0, 1))
+    return (measured / predicted if predicted else float("nan"), *ratio)
+
+
+def steps_in(profiles: Path) -> list[dict]:
+    """Every step the profiles in this folder hold (the bench's workloads share one)."""
+    return [s for f in profiles.glob("*.json") for s in json.loads(f.read_text())["steps"]]
 
 
 def main() -> int:
@@ -152,11 +164,13 @@ def main() -> int:
     cli("estimate", str(jobs["quickstart"]), "--calibrate", str(args.calibrate), env=env)
     print(
         f"profile calibrated on {args.calibrate} quickstart rows in {tmp / 'p'}"
+        f" ({len(steps_in(tmp / 'p'))} engine steps)"
         f" (load average {load:.2f} before, {os.getloadavg()[0]:.2f} after)"
     )
     print(
         f"{'workload':<11} {'rows':>5} {'load':>9} {'wall est':>9} {'wall run':>9} {'error':>7}"
         f" {'cost est':>10} {'cost run':>10} {'error':>7} {'speed':>6} {'at run speed':>12}"
+        f" {'prefill':>7} {'decode':>6}"
     )
     for name in args.only:
         load = wait_for_quiet(args.quiet_below, args.wait)
@@ -168,13 +182,13 @@ def main() -> int:
         est = json.loads((out / "estimate.json").read_text())
         fig = report["estimate"]["figures"]
         w, c = fig["wall_seconds"], fig["cost_usd"]
-        k = speed(out, est["throughput"])
+        k, k_prefill, k_decode = speed(out, est["throughput"])
         at_speed = w["predicted"] + est["forward_seconds"] * (k - 1)
         print(
             f"{name:<11} {fig['rows']['actual']:>5} {loads:>9} {w['predicted']:>8.1f}s"
             f" {w['actual']:>8.1f}s {w['error_fraction']:>+7.1%} {c['predicted']:>10.6f}"
             f" {c['actual']:>10.6f} {c['error_fraction']:>+7.1%} {k:>6.2f}"
-            f" {at_speed / w['actual'] - 1:>+12.1%}",
+            f" {at_speed / w['actual'] - 1:>+12.1%} {k_prefill:>7.2f} {k_decode:>6.2f}",
             flush=True,
         )
     return 0

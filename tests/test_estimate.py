@@ -177,3 +177,25 @@ def test_a_choice_grammar_bounds_completions_by_its_longest_label(job, monkeypat
     _forbid_weights(monkeypatch)
     est = _estimate(job, 'generation.choice=["yes", "no"]')
     assert est["completion_tokens"] == est["completion_tokens_max"] == 4 * 2  # a label and EOS
+
+
+@pytest.mark.parametrize(("auto_picks", "uses_profile"), [("float32", True), ("bfloat16", False)])
+def test_a_profile_recorded_in_one_dtype_is_not_used_for_another(
+    job, monkeypatch, auto_picks, uses_profile
+):
+    import torch
+
+    import jobrunner.estimate as estimate
+    from jobrunner.config import load_job
+    from jobrunner.telemetry.device import detect_device
+    from jobrunner.telemetry.profile import profile_key, record
+
+    _forbid_weights(monkeypatch)
+    step = {"batch_tokens": 4, "prefill_tokens": 4, "decode_tokens": 0, "step_seconds": 0.5}
+    key = profile_key(load_job(job), detect_device(), "float32")  # a float32 run recorded it
+    record(key, steps=[step, {**step, "batch_tokens": 8, "prefill_tokens": 8}])
+    monkeypatch.setattr(estimate, "pick_dtype", lambda *a: (getattr(torch, auto_picks), "test"))
+    est = _estimate(job, "model.dtype=auto")
+    assert (est["profile"] == key) is uses_profile
+    source = est["throughput"]["source"]
+    assert source.startswith("this device's profile" if uses_profile else "roofline default")

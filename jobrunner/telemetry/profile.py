@@ -1,10 +1,11 @@
 """Device profiles: what runs on this machine measured, kept for the next estimate. No torch.
 
-A profile belongs to one (device, model, weights and KV format, engine) combination and lives in
-the cache (`$JOBRUNNER_CACHE/profiles/<key digest>.json`, or $JOBRUNNER_PROFILE_DIR). `jobrunner estimate --calibrate N`
-and every finished run add to it: the engine steps they measured (the newest MAX_STEPS), the
-model load time, the time outside the steps per step and per row, and how much of its
-max_new_tokens an EOS-honouring row generated. `jobrunner estimate` on the same device then
+A profile belongs to one (device, model, compute dtype as resolved, weights and KV format,
+engine, software) combination and lives in the cache (`$JOBRUNNER_CACHE/profiles/<key
+digest>.json`, or $JOBRUNNER_PROFILE_DIR). `jobrunner estimate --calibrate N` and every
+finished run add to it: the engine steps they measured (the newest MAX_STEPS), the model load
+time, the time outside the steps per step and per row, and how much of its max_new_tokens an
+EOS-honouring row generated. `jobrunner estimate` on the same device then
 fits its step model to those steps instead of a spec-sheet guess.
 """
 
@@ -34,9 +35,11 @@ STEP_KEYS = (
 )
 
 
-def profile_key(cfg, device) -> str:
-    """What decides the speed of a step: the device, the model, its formats, the engine, and
-    the software that runs it (so a new torch or new kernels start a new profile)."""
+def profile_key(cfg, device, dtype: str) -> str:
+    """What decides the speed of a step: the device, the model, the dtype it computes in
+    (`dtype`: model.dtype as resolved, so that `auto` choosing bfloat16 on one run and float32
+    on another keeps two profiles), its other formats, the engine, and the software that runs
+    it (so a new torch or new kernels start a new profile)."""
     m, e = cfg.model, cfg.engine
     return "|".join(
         str(x)
@@ -46,7 +49,7 @@ def profile_key(cfg, device) -> str:
             device.family,
             device.count,
             m.source,
-            m.dtype,
+            dtype,
             m.quantization,
             m.kv_cache_dtype,
             e.kind,

@@ -11,6 +11,7 @@ too long to replay whole are replayed for their first rows and scaled by rows.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from jobrunner.telemetry.throughput import StepModel
@@ -54,9 +55,21 @@ def replay(
 
 
 def _run(rows, model: StepModel, max_num_seqs: int, budget_tokens: int, block_size: int):
+    steps, seconds = 0, 0.0
+    for step in scheduled_steps(rows, max_num_seqs, budget_tokens, block_size):
+        seconds += model.step_seconds(*step)
+        steps += 1
+    return steps, seconds
+
+
+def scheduled_steps(
+    rows: list[tuple[int, int, int]], max_num_seqs: int, budget_tokens: int, block_size: int = 16
+) -> Iterator[tuple[int, int, int, int]]:
+    """The steps the scheduler runs for `rows` (as replay takes them), each as StepModel.
+    step_seconds's arguments: (prefill tokens, decode tokens, KV tokens in use while rows
+    decode, context tokens the prompt tokens attend to)."""
     waiting = deque(rows)
     running: list[_Row] = []
-    steps, seconds = 0, 0.0
     while waiting or running:
         budget, prefill, decode, batch = budget_tokens, 0, 0, []
         for r in running:
@@ -80,8 +93,7 @@ def _run(rows, model: StepModel, max_num_seqs: int, budget_tokens: int, block_si
                 prefill += n
                 attended += n * r.kv + n * (n + 1) // 2
         kv = sum(-(-(r.kv + n) // block_size) for r, n in batch) * block_size if decode else 0
-        seconds += model.step_seconds(prefill, decode, kv, attended)
-        steps += 1
+        yield prefill, decode, kv, attended
         for r, n in batch:
             r.kv += n
             r.todo -= n
@@ -89,4 +101,3 @@ def _run(rows, model: StepModel, max_num_seqs: int, budget_tokens: int, block_si
                 r.left -= 1
                 r.todo, r.decoding = 1, True
         running = [r for r in running if r.left > 0]
-    return steps, seconds

@@ -12,8 +12,9 @@ rows, the context each decode step reads: c * (prompt + c / 2) for c completion 
 
 The numbers come either from a roofline default for the device class (peak FLOP/s and memory
 bandwidth at assumed efficiencies: NOT a measurement, and said so in every output), or from a
-non-negative least-squares fit to a calibration run's step log (`jobrunner estimate --calibrate
-N`, which runs its rows at two batch sizes so the fixed and per-sequence parts separate).
+non-negative least-squares fit to the steps measured on this device (the profile: `jobrunner
+estimate --calibrate N`, whose batches make each term vary apart from the others, see
+calibration.py, and every run since).
 """
 
 from __future__ import annotations
