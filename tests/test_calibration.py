@@ -15,7 +15,7 @@ from jobrunner.calibration import (
     completion_share,
     spread_by_length,
 )
-from jobrunner.telemetry.simulate import replay, scheduled_steps
+from jobrunner.telemetry.simulate import replay, step_log
 from jobrunner.telemetry.throughput import StepModel, fit_step_model
 from jobrunner.types import Request, SamplingParams, Usage
 
@@ -85,23 +85,9 @@ TRUE = StepModel(
 
 def _measured(groups: list[list[Request]], rng: random.Random) -> list[dict]:
     """The steps each group makes under the scheduler's rules, timed by TRUE within 5%."""
-    steps = []
-    for group in groups:
-        rows = [
-            (r.num_prompt_tokens, r.num_prompt_tokens, r.sampling.max_new_tokens) for r in group
-        ]
-        for p, d, kv, pc in scheduled_steps(rows, 256, 8192, BLOCK):
-            steps.append(
-                {
-                    "prefill_tokens": p,
-                    "decode_tokens": d,
-                    "prefill_context_tokens": pc,
-                    "kv_blocks_used": kv // BLOCK,
-                    "batch_tokens": p + d,
-                    "step_seconds": TRUE.step_seconds(p, d, kv, pc) * rng.uniform(0.95, 1.05),
-                }
-            )
-    return steps
+    rows = [[(r.num_prompt_tokens,) * 2 + (r.sampling.max_new_tokens,) for r in g] for g in groups]
+    steps = [s for g in rows for s in step_log(g, TRUE, 256, 8192, BLOCK)]
+    return [{**s, "step_seconds": s["step_seconds"] * rng.uniform(0.95, 1.05)} for s in steps]
 
 
 def test_a_fit_on_short_rows_calibration_predicts_a_job_of_long_prompts():

@@ -199,3 +199,16 @@ def test_a_profile_recorded_in_one_dtype_is_not_used_for_another(
     assert (est["profile"] == key) is uses_profile
     source = est["throughput"]["source"]
     assert source.startswith("this device's profile" if uses_profile else "roofline default")
+
+
+@pytest.mark.slow
+def test_a_run_records_the_profile_that_the_next_estimate_on_this_device_uses(job, monkeypatch):
+    # dtype auto: the run keys its steps by the dtype it loaded, the estimate by the one the
+    # probe's cached choice names; they must be the same profile
+    cli = CliRunner()
+    res = cli.invoke(app, ["run", str(job), "--set", "model.dtype=auto"])
+    assert res.exit_code == 0, res.output
+    _forbid_weights(monkeypatch)
+    est = _estimate(job, "model.dtype=auto")
+    assert est["profile"] is not None
+    assert est["throughput"]["source"].startswith("this device's profile")

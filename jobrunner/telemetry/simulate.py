@@ -101,3 +101,27 @@ def scheduled_steps(
                 r.left -= 1
                 r.todo, r.decoding = 1, True
         running = [r for r in running if r.left > 0]
+
+
+def step_log(
+    rows: list[tuple[int, int, int]],
+    model: StepModel,
+    max_num_seqs: int,
+    max_batch_tokens: int,
+    block_size: int = 16,
+) -> list[dict]:
+    """The steps `rows` make, as the paged engine logs them, each taking `model`'s time: what
+    a device whose steps cost exactly that would measure (a fit on it should recover `model`)."""
+    log = []
+    for p, d, kv, pc in scheduled_steps(rows, max_num_seqs, max_batch_tokens, block_size):
+        log.append(
+            {
+                "prefill_tokens": p,
+                "decode_tokens": d,
+                "prefill_context_tokens": pc,
+                "kv_blocks_used": kv // block_size,
+                "batch_tokens": p + d,
+                "step_seconds": model.step_seconds(p, d, kv, pc),
+            }
+        )
+    return log
