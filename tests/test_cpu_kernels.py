@@ -6,26 +6,12 @@ import platform
 
 import pytest
 import torch
+from attention_ref import reference_decode
 
 from jobrunner.engine.paged import cpu_kernels
 from jobrunner.engine.paged.model import rotate_half
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler")
-
-
-def reference_decode(q, k_cache, v_cache, tables, lens, scale):
-    """Each row on its own: its context gathered block by block, plain softmax attention."""
-    nkv, _, bs, hd = k_cache.shape
-    out = []
-    for r in range(q.shape[0]):
-        L = int(lens[r])
-        blocks = tables[r, : -(-L // bs)]
-        k = k_cache[:, blocks].reshape(nkv, -1, hd)[:, :L].float()  # (nkv, L, hd)
-        v = v_cache[:, blocks].reshape(nkv, -1, hd)[:, :L].float()
-        qr = q[r].float().view(nkv, -1, hd)  # (nkv, group, hd)
-        w = torch.softmax(qr @ k.transpose(1, 2) * scale, dim=-1)
-        out.append((w @ v).reshape(-1, hd))
-    return torch.stack(out)
 
 
 @needs_kernels

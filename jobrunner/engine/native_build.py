@@ -1,8 +1,8 @@
 """Build a native kernel library once per source, compiler and CPU, into the kernel cache.
 
-`-march=native` code must not run on another CPU, so the cache key holds this CPU's feature
-flags with the sources and the compiler's version. A concurrent build of the same key writes
-the same bytes, and the library appears by an atomic rename.
+`-march=native` code (`-mcpu=native` on aarch64) must not run on another CPU, so the cache key
+holds this CPU's feature flags with the sources and the compiler's version. A concurrent build
+of the same key writes the same bytes, and the library appears by an atomic rename.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", *map(str, sources)]
+    cmd = [cc, *compile_flags(platform.machine()), *map(str, sources)]
     cmd += ["-o", tmp]
     # generous: on a loaded machine the -O3 build of every kernel specialisation took 100 s
     done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=600)
@@ -40,6 +40,14 @@ def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
         raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
     os.replace(tmp, target)
     return target
+
+
+def compile_flags(machine: str) -> list[str]:
+    """The compiler's flags for a shared kernel library built for this CPU, `machine` being
+    platform.machine(). On aarch64: -mcpu=native, the form gcc and clang document there (it sets
+    the architecture, its extensions and the tuning; some clang versions reject -march=native)."""
+    native = "-mcpu=native" if machine.lower() in ("aarch64", "arm64") else "-march=native"
+    return ["-O3", native, "-shared", "-fPIC", "-fopenmp"]
 
 
 def library_key(sources: list[Path], headers: list[Path]) -> str:

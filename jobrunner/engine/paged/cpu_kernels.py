@@ -4,12 +4,20 @@ Plain C through ctypes: no torch headers, so a build takes about a second, not a
 with -fopenmp and loaded after torch, a kernel binds to the libgomp.so.1 torch already loaded and
 runs on torch's thread pool (no second pool fighting it for the cores). The
 shared object is cached under ~/.cache/jobrunner/kernels ($JOBRUNNER_CACHE/kernels), keyed
-by the source, the compiler and this CPU's flags (`-march=native` code must not run on another
-CPU). Without a compiler, or with JOBRUNNER_CPU_KERNELS=0, `load()` returns None and callers use
-their torch path; the reason is logged once. The kernels have AVX-512 and AVX2 (+FMA, F16C)
-vector paths (csrc/isa.h); on other ISAs (aarch64, x86 without AVX2) the build has only plain C:
-decode attention, the norms and RoPE run it, while the few-row linears and prefill attention
-keep their torch paths; `isa()` says which, and the load logs it.
+by the source, the compiler and this CPU's flags (`-march=native` code, `-mcpu=native` on
+aarch64, must not run on another CPU). Without a compiler, or with JOBRUNNER_CPU_KERNELS=0,
+`load()` returns None and callers use their torch path; the reason is logged once.
+
+The vector path is the CPU's (csrc/isa.h); `isa()` says which, and the load logs it:
+- avx512, avx2 (+FMA, F16C): every kernel has its vector code.
+- neon (aarch64: Graviton, Ampere, Grace): the few-row linears (small_gemm.c, the same packed
+  panels and contract as AVX2), the norms and SiLU, and decode attention (its plain C path with
+  NEON row helpers: csrc/decode_neon.h) are vectorised; prefill attention keeps torch's SDPA and
+  bfloat16 weights torch's linears. No SVE code: on Neoverse V1 and V2 its FMA throughput is
+  NEON's. Tested on x86 by cross-compiling and running under qemu-aarch64, for correctness
+  only (tests/test_aarch64_kernels.py).
+- scalar (x86 without AVX2, other ISAs): plain C; decode attention, the norms and RoPE run it,
+  while the few-row linears and prefill attention keep their torch paths.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
 TORCH_WITHOUT_VECTORS = "few-row linears (oneDNN) and prefill attention (SDPA) run in torch"
+TORCH_ON_NEON = "prefill attention (SDPA) and bfloat16 linears run in torch"
 HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 QUANTIZED = {"int8": 3, "fp8": 4}  # codes + a float16 scale per row (engine/quant/kv.py)
@@ -81,13 +90,16 @@ def load() -> ctypes.CDLL | None:
     isa_name = lib.kernel_isa().decode()
     if isa_name == "scalar":
         log.info("CPU kernels built without AVX2 or AVX-512 (plain C): %s", TORCH_WITHOUT_VECTORS)
+    elif isa_name == "neon":
+        log.info("CPU kernels built for neon (aarch64): %s", TORCH_ON_NEON)
     else:
         log.info("CPU kernels built for %s", isa_name)
     return lib
 
 
 def isa() -> str | None:
-    """The vector path the kernels were built with: avx512, avx2 or scalar; None: not built."""
+    """The vector path the kernels were built with: avx512, avx2, neon or scalar; None: not
+    built."""
     lib = load()
     return None if lib is None else lib.kernel_isa().decode()
 
@@ -249,16 +261,17 @@ def rope_(
 
 
 def gemm_supported() -> bool:
-    """Whether the few-row linear kernel has its vector path on this CPU (AVX-512 or AVX2)."""
+    """Whether the few-row linear kernel has its vector path on this CPU (AVX-512, AVX2, NEON)."""
     lib = load()
     return lib is not None and lib.small_gemm_fast() == 1
 
 
-def pack_gemm_weight(w: torch.Tensor) -> torch.Tensor:
-    """(N, K) float32 -> (ceil(N/P), K, P) panels, the extra columns zero; P is the build's
-    panel width (32 columns with AVX-512, 16 with AVX2: csrc/small_gemm.c)."""
+def pack_gemm_weight(w: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """(N, K) float32 -> (ceil(N/P), K, P) panels, the extra columns zero; P is `width`, by
+    default the build's panel width (32 columns with AVX-512, 16 with AVX2 and NEON:
+    csrc/small_gemm.c)."""
     n, k = w.shape
-    width = load().small_gemm_panel()
+    width = width or load().small_gemm_panel()
     panels = -(-n // width)
     padded = w.new_zeros(panels * width, k)
     padded[:n] = w

@@ -100,6 +100,47 @@ static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
     _mm256_maskstore_ps(y + i, tail, r);
 }
 
+#elif defined(JR_NEON)
+
+static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f),
+                          vdupq_n_f32(0.0f)}; /* four chains: FMA latency */
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16)
+        for (int c = 0; c < 4; c++) {
+            const float32x4_t v = vld1q_f32(x + i + 4 * c);
+            acc[c] = vfmaq_f32(acc[c], v, v);
+        }
+    for (; i + 4 <= D; i += 4) {
+        const float32x4_t v = vld1q_f32(x + i);
+        acc[0] = vfmaq_f32(acc[0], v, v);
+    }
+    float ss = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < D; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+    for (i = 0; i + 4 <= D; i += 4)
+        vst1q_f32(y + i, vmulq_f32(vmulq_n_f32(vld1q_f32(x + i), inv), vld1q_f32(w + i)));
+    for (; i < D; i++) y[i] = x[i] * inv * w[i];
+}
+
+static inline float32x4_t silu_mul4(float32x4_t g, float32x4_t u) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t e = exp_neg4(vnegq_f32(vabsq_f32(g)));
+    const uint32x4_t neg = vcltq_f32(g, vdupq_n_f32(0.0f));
+    const float32x4_t num = vbslq_f32(neg, e, one); /* g < 0: e / (1 + e) */
+    return vmulq_f32(vmulq_f32(g, vdivq_f32(num, vaddq_f32(one, e))), u);
+}
+
+static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, silu_mul4(vld1q_f32(g + i), vld1q_f32(u + i)));
+    if (i == n) return;
+    float gt[4] = {0}, ut[4] = {0}, yt[4]; /* the tail through a zero-padded vector */
+    for (int64_t j = i; j < n; j++) gt[j - i] = g[j], ut[j - i] = u[j];
+    vst1q_f32(yt, silu_mul4(vld1q_f32(gt), vld1q_f32(ut)));
+    for (int64_t j = i; j < n; j++) y[j] = yt[j - i];
+}
+
 #else
 
 static inline float sigmoid(float g) {

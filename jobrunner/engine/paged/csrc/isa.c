@@ -6,6 +6,8 @@ const char *kernel_isa(void) {
     return "avx512";
 #elif defined(JR_AVX2)
     return "avx2";
+#elif defined(JR_NEON)
+    return "neon";
 #else
     return "scalar";
 #endif

@@ -1,6 +1,8 @@
 /* Which vector path the kernels compile: AVX-512 (16 floats a vector), AVX2 with FMA and F16C
- * (8 floats: Zen 2/3, Intel before Skylake-SP, most desktop CPUs), or plain C (any other ISA,
- * e.g. aarch64). Built with -march=native, so the path is this CPU's. */
+ * (8 floats: Zen 2/3, Intel before Skylake-SP, most desktop CPUs), NEON on aarch64 (4 floats,
+ * 32 registers: Graviton, Ampere, Grace; SVE is not used, its FMA throughput on Neoverse V1/V2
+ * is NEON's), or plain C (any other ISA). Built with -march=native (-mcpu=native on aarch64),
+ * so the path is this CPU's. */
 #ifndef JOBRUNNER_ISA_H
 #define JOBRUNNER_ISA_H
 #include <stdint.h>
@@ -9,10 +11,16 @@
 #define JR_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define JR_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define JR_NEON 1
 #endif
 
 #if defined(JR_AVX512) || defined(JR_AVX2)
 #include <immintrin.h>
+#endif
+
+#ifdef JR_NEON
+#include <arm_neon.h>
 #endif
 
 #ifdef JR_AVX2

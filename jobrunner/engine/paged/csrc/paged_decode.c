@@ -9,6 +9,8 @@
  * 8-bit codes (int8, or fp8 e4m3) with one float16 scale per (KV head, token) row
  * (engine/quant/kv.py): a row's value is its codes times its scale.
  * Plain C: built with `cc -O3 -march=native` at first use (engine/paged/cpu_kernels.py).
+ * AVX-512 and AVX2 have specialised paths (head_dim 64 or 128, up to 8 heads per KV head); on
+ * NEON the plain path runs with vector row helpers (decode_neon.h).
  */
 #include <math.h>
 #include <stdint.h>
@@ -31,6 +33,14 @@ typedef struct {
     float *out;             /* (b, nh, hd) */
 } Job;
 
+#if defined(JR_NEON)
+#include "decode_neon.h" /* load_row_neon, dot and softmax_rows on NEON vectors */
+
+static inline const float *load_row(const Job *J, const void *base, const uint16_t *scales,
+                                    int64_t offset, float *dst) {
+    return load_row_neon(J->dtype, base, scales, offset, J->hd, dst);
+}
+#else
 /* Row `offset` of the cache as float32: in place for a float32 cache, else converted into dst
  * (quantized rows times their scale, which sits at offset / hd). */
 static inline const float *load_row(const Job *J, const void *base, const uint16_t *scales,
@@ -86,6 +96,7 @@ static void softmax_rows(float *scores, int64_t rows, int64_t L) {
         for (int64_t t = 0; t < L; t++) s[t] *= inv;
     }
 }
+#endif
 
 #if defined(JR_AVX512) || defined(JR_AVX2)
 

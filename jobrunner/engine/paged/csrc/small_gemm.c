@@ -14,15 +14,18 @@
  * the shared prefetch: 52 rows 62 -> 46 ms a step, 16 rows 33 -> 24 ms, 256 rows about even.
  *
  * With AVX2 (16 vector registers of 8 floats) the same scheme runs on panels of 16 columns and
- * blocks of up to 6 rows: 12 accumulators, 2 weight vectors and a broadcast. Without either
- * small_gemm_fast() returns 0 and callers keep their library path. small_gemm_panel() gives
+ * blocks of up to 6 rows: 12 accumulators, 2 weight vectors and a broadcast. NEON (aarch64: 32
+ * registers of 4 floats) takes the same panels and blocks: 24 accumulators, 4 weight vectors
+ * and a broadcast. Without any of them small_gemm_fast() returns 0 and callers keep their
+ * library path. small_gemm_panel() gives
  * the panel width the packing must use (cpu_kernels.pack_gemm_weight).
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "isa.h"
 
-#if defined(JR_AVX2)
+#if defined(JR_AVX2) || defined(JR_NEON)
 #define NR 16 /* output columns per panel */
 #define MR 6  /* most rows per block: 12 accumulators + 2 weight vectors + 1 broadcast */
 #else
@@ -132,6 +135,56 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
     }
 }
 
+#elif defined(JR_NEON)
+
+int small_gemm_fast(void) { return 1; }
+
+/* tile() with 4-float vectors: a k step of a 16-column panel is four vectors, one 64-byte line,
+ * so a block prefetching its share of the next panel takes at most one line per k (prfm into
+ * L2). A panel narrower than 16 columns is written through a row buffer (NEON has no masked
+ * store), its bias read from a zero-padded copy. */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, int64_t K,
+                                                       const float *w, const char *pf,
+                                                       int64_t bpk, float *y, int64_t ldy,
+                                                       int64_t ncols, const float *bias,
+                                                       const int rows) {
+    float32x4_t a[MR][4];
+#pragma GCC unroll 6
+    for (int m = 0; m < rows; m++) a[m][0] = a[m][1] = a[m][2] = a[m][3] = vdupq_n_f32(0.0f);
+    for (int64_t k = 0; k < K; k++) {
+        const float *wk = w + k * NR;
+        const float32x4_t w0 = vld1q_f32(wk), w1 = vld1q_f32(wk + 4);
+        const float32x4_t w2 = vld1q_f32(wk + 8), w3 = vld1q_f32(wk + 12);
+        if (pf) __builtin_prefetch(pf + ((k * bpk) >> 8), 0, 2); /* bpk/256 bytes per k */
+#pragma GCC unroll 6
+        for (int m = 0; m < rows; m++) {
+            const float32x4_t xb = vld1q_dup_f32(x + m * ldx + k);
+            a[m][0] = vfmaq_f32(a[m][0], xb, w0);
+            a[m][1] = vfmaq_f32(a[m][1], xb, w1);
+            a[m][2] = vfmaq_f32(a[m][2], xb, w2);
+            a[m][3] = vfmaq_f32(a[m][3], xb, w3);
+        }
+    }
+    float bpad[NR] = {0}, row[NR];
+    const float *b = bias;
+    if (bias && ncols < NR) {
+        for (int64_t n = 0; n < ncols; n++) bpad[n] = bias[n];
+        b = bpad;
+    }
+    float32x4_t bv[4];
+    for (int c = 0; c < 4; c++) bv[c] = b ? vld1q_f32(b + 4 * c) : vdupq_n_f32(0.0f);
+#pragma GCC unroll 6
+    for (int m = 0; m < rows; m++) {
+        float *dst = ncols == NR ? y + m * ldy : row;
+        for (int c = 0; c < 4; c++) vst1q_f32(dst + 4 * c, vaddq_f32(a[m][c], bv[c]));
+        if (ncols < NR) memcpy(y + m * ldy, row, sizeof(float) * (size_t)ncols);
+    }
+}
+
+#endif
+
+#if defined(JR_AVX2) || defined(JR_NEON)
+
 static void tile_rows(const float *x, int64_t ldx, int64_t K, const float *w, const char *pf,
                       int64_t bpk, float *y, int64_t ldy, int64_t ncols, const float *bias,
                       int rows) {
@@ -144,7 +197,7 @@ static void tile_rows(const float *x, int64_t ldx, int64_t K, const float *w, co
 }
 #endif
 
-#if defined(JR_AVX512) || defined(JR_AVX2)
+#if defined(JR_AVX512) || defined(JR_AVX2) || defined(JR_NEON)
 
 /* x: (M, K) with row stride ldx; w: packed (ceil(N/NR), K, NR); bias: (N) or NULL;
  * y: (M, N) contiguous. */

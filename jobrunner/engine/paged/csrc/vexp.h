@@ -1,4 +1,4 @@
-/* e^x for x <= 0, scalar and 16 lanes (AVX-512) or 8 lanes (AVX2) at a time, shared by the kernels that need it
+/* e^x for x <= 0, scalar and 16 lanes (AVX-512), 8 (AVX2) or 4 (NEON) at a time, shared by the kernels that need it
  * (softmax in paged_decode.c, the sigmoid in act_norm.c). */
 #ifndef JOBRUNNER_VEXP_H
 #define JOBRUNNER_VEXP_H
@@ -60,6 +60,21 @@ static inline __m256 exp_neg8(__m256 x) {
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+#elif defined(JR_NEON)
+
+/* exp_neg8 with 4 lanes (n rounded half to even, as there). */
+static inline float32x4_t exp_neg4(float32x4_t x) {
+    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
+    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, EXP_LOG2E));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(EXP_LN2_HI)); /* x - n ln2_hi */
+    r = vfmsq_f32(r, n, vdupq_n_f32(EXP_LN2_LO));
+    float32x4_t p = vdupq_n_f32(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = vfmaq_f32(vdupq_n_f32(EXP_POLY[i]), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), vmulq_f32(p, r), r);
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 
 #endif
