@@ -37,6 +37,8 @@ TARGETS = {
     "neoverse-v1-sve128": ("-mcpu=neoverse-v1", "max,sve-default-vector-length=16"),
 }
 GEMM, DECODE, RMS_NORM, SILU_MUL, ROPE = 1, 2, 3, 4, 5  # kernel_driver.c's case kinds
+# decode attention's (head_dim, query heads per KV head, block size)
+LAYOUTS = [(64, 3, 16), (128, 8, 5), (36, 2, 16), (64, 1, 5), (128, 2, 7), (128, 5, 16)]
 PANEL, THREADS = 16, 2  # NEON's panel width (small_gemm.c); OpenMP with 2 threads
 
 
@@ -59,12 +61,12 @@ def _raw(*tensors: torch.Tensor) -> bytes:
 
 def gemm_cases() -> list[Case]:
     """Widths off the 16-column panels and off a vector, strided rows, row counts around the
-    6-row blocks and past a row slice, with and without a bias."""
+    5-row blocks and past a row slice, with and without a bias."""
     g, cases = torch.Generator().manual_seed(4), []
     for n, k in [(100, 70), (32, 576), (17, 1), (1, 33), (24, 9), (8, 16)]:
         w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
         packed = cpu_kernels.pack_gemm_weight(w, PANEL)
-        for i, rows in enumerate((1, 5, 6, 7, 13, 52, 1000)):
+        for i, rows in enumerate((1, 4, 5, 6, 10, 13, 52, 1000)):
             wide = torch.randn(rows, 2 * k, generator=g)
             bias = b if i % 2 == 0 else None
             payload = _ints(GEMM, rows, n, k, 2 * k, bias is not None, THREADS)
@@ -93,12 +95,13 @@ def _caches(kind: str, shape: tuple[int, ...], g: torch.Generator):
 
 
 def decode_cases() -> list[Case]:
-    """Every cache format, head_dim 64 and 128 and one off the 8-value conversions (36),
-    blocks of 16 and 5 tokens, a context of one token and of several hundred."""
+    """Every cache format; head_dim 64 and 128 with 1 to 8 query heads per KV head (the V
+    pass's register blocks of 8, 4 and 2 vectors) and 36 (off the 8-value conversions: the
+    plain loops); blocks of 16, 5 and 7 tokens; contexts of one token to several hundred."""
     g, cases = torch.Generator().manual_seed(0), []
     nkv, lens = 3, torch.tensor([1, 5, 16, 17, 100, 333])
     for kind in ("float32", "bfloat16", "float16", "int8", "fp8"):
-        for (hd, group), bs in zip([(64, 3), (128, 8), (36, 2)], (16, 5, 16), strict=True):
+        for hd, group, bs in LAYOUTS:
             nb = -(-int(lens.max()) // bs)
             num_blocks = len(lens) * nb + 3
             tables = torch.randperm(num_blocks, generator=g)[: len(lens) * nb].view(len(lens), nb)

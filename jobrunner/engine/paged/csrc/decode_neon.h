@@ -1,7 +1,7 @@
-/* The plain decode path's row helpers (paged_decode.c: load_row, dot, softmax_rows) on NEON
- * vectors, for aarch64: a cache row converted 8 values at a time (float16 by the hardware's
- * conversion, exact as half_to_float), dot products in 4 chains of 4 lanes, and the softmax's
- * exponentials 4 lanes at a time (exp_neg4). */
+/* The plain decode path's helpers (paged_decode.c: load_row, dot, softmax_rows) on NEON vectors,
+ * for aarch64: a cache row converted 8 values at a time (float16 by the hardware's conversion,
+ * exact as half_to_float), dot products in 4 chains of 4 lanes, the softmax's exponentials 4
+ * lanes at a time (exp_neg4), and the weighted sum of V rows with its outputs in registers. */
 #ifndef JOBRUNNER_DECODE_NEON_H
 #define JOBRUNNER_DECODE_NEON_H
 #include <math.h>
@@ -104,6 +104,84 @@ static void softmax_rows(float *scores, int64_t rows, int64_t L) {
         const float inv = 1.0f / total;
         for (t = 0; t < L; t++) s[t] *= inv;
     }
+}
+
+/* The weighted sum of V rows, o[j] = sum over t of p[j * L + t] * V_t for the g query heads of
+ * one KV head, with each head's outputs in registers: CB of its hd / 4 vectors a pass, the G * CB
+ * accumulators, CB V vectors and the G weights within the 32 registers. A span of tokens at a
+ * time: their V rows (converted to float32 once, if the cache is not) stay in L1 across the
+ * passes, and o, zeroed by the caller, carries the sums between spans. The plain loop kept o in
+ * memory: a load and a store with every FMA. */
+typedef struct {
+    int dtype;
+    const void *v;
+    const uint16_t *v_scale;
+    const int64_t *table;
+    int64_t bs, hd, head_base, L;
+    const float *p; /* (g, L) softmax weights */
+    float *o;       /* (g, hd) */
+} VPass;
+
+enum { V_SPAN = 32, V_MAX_HD = 256 }; /* a span's converted rows: 32 KiB at most */
+
+static inline __attribute__((always_inline)) void v_span(const VPass *P, const float **rows,
+                                                         int64_t t0, int64_t n, const int G,
+                                                         const int CB) {
+    for (int64_t c0 = 0; c0 < P->hd; c0 += 4 * CB) {
+        float32x4_t a[8][8];
+#pragma GCC unroll 8
+        for (int j = 0; j < G; j++)
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; c++) a[j][c] = vld1q_f32(P->o + j * P->hd + c0 + 4 * c);
+        for (int64_t tt = 0; tt < n; tt++) {
+            float32x4_t v[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; c++) v[c] = vld1q_f32(rows[tt] + c0 + 4 * c);
+#pragma GCC unroll 8
+            for (int j = 0; j < G; j++) {
+                const float32x4_t pj = vdupq_n_f32(P->p[j * P->L + t0 + tt]);
+#pragma GCC unroll 8
+                for (int c = 0; c < CB; c++) a[j][c] = vfmaq_f32(a[j][c], pj, v[c]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < G; j++)
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; c++) vst1q_f32(P->o + j * P->hd + c0 + 4 * c, a[j][c]);
+    }
+}
+
+static inline __attribute__((always_inline)) void v_pass(const VPass *P, const int G,
+                                                         const int CB) {
+    float buf[V_SPAN * V_MAX_HD] __attribute__((aligned(64)));
+    const float *rows[V_SPAN];
+    int64_t blk = 0, pos = 0;
+    for (int64_t t0 = 0; t0 < P->L; t0 += V_SPAN) {
+        const int64_t n = P->L - t0 < V_SPAN ? P->L - t0 : V_SPAN;
+        for (int64_t tt = 0; tt < n; tt++) {
+            const int64_t off = P->head_base + (P->table[blk] * P->bs + pos) * P->hd;
+            rows[tt] = load_row_neon(P->dtype, P->v, P->v_scale, off, P->hd, buf + tt * P->hd);
+            if (++pos == P->bs) pos = 0, blk++;
+        }
+        v_span(P, rows, t0, n, G, CB);
+    }
+}
+
+/* Vectors of a head per pass, by G: the widest whose registers fit (the accumulators, the V
+ * vectors and G weights, which the compiler computes together; two left spare: at G 6 with 4 it
+ * spilled accumulators). One per G keeps the build short. */
+static const int V_BLOCK[9] = {0, 8, 8, 4, 4, 4, 2, 2, 2};
+
+#define V_CASE(G) \
+    case G: v_pass(P, G, V_BLOCK[G]); return 1;
+
+/* 1 when the register-resident pass handled the weighted V sum (up to 8 query heads per KV head,
+ * head_dim up to 256 and a multiple of 4 times the pass: 64 and 128 always); 0: the caller's
+ * plain loop. */
+static int v_pass_neon(const VPass *P, int64_t g) {
+    if (g < 1 || g > 8 || P->hd > V_MAX_HD || (P->hd / 4) % V_BLOCK[g] != 0) return 0;
+    switch (g) { V_CASE(1) V_CASE(2) V_CASE(3) V_CASE(4) V_CASE(5) V_CASE(6) V_CASE(7) V_CASE(8) }
+    return 0;
 }
 
 #endif

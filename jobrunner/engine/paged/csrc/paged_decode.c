@@ -10,7 +10,7 @@
  * (engine/quant/kv.py): a row's value is its codes times its scale.
  * Plain C: built with `cc -O3 -march=native` at first use (engine/paged/cpu_kernels.py).
  * AVX-512 and AVX2 have specialised paths (head_dim 64 or 128, up to 8 heads per KV head); on
- * NEON the plain path runs with vector row helpers (decode_neon.h).
+ * NEON the plain path runs with vector helpers (decode_neon.h).
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,7 +34,7 @@ typedef struct {
 } Job;
 
 #if defined(JR_NEON)
-#include "decode_neon.h" /* load_row_neon, dot and softmax_rows on NEON vectors */
+#include "decode_neon.h" /* load_row_neon, dot, softmax_rows and v_pass_neon on NEON vectors */
 
 static inline const float *load_row(const Job *J, const void *base, const uint16_t *scales,
                                     int64_t offset, float *dst) {
@@ -518,6 +518,10 @@ static void one_item(const Job *J, int64_t item, int64_t after, int fetched, flo
     }
     softmax_rows(scores, g, L);
     memset(o, 0, g * hd * sizeof(float));
+#if defined(JR_NEON)
+    const VPass P = {J->dtype, J->v, J->v_scale, table, J->bs, hd, head_base, L, scores, o};
+    if (v_pass_neon(&P, g)) return;
+#endif
     for (int64_t t = 0; t < L; t++) {
         const int64_t off = head_base + (table[t / J->bs] * J->bs + t % J->bs) * hd;
         const float *vt = load_row(J, J->v, J->v_scale, off, row);

@@ -15,8 +15,9 @@
  *
  * With AVX2 (16 vector registers of 8 floats) the same scheme runs on panels of 16 columns and
  * blocks of up to 6 rows: 12 accumulators, 2 weight vectors and a broadcast. NEON (aarch64: 32
- * registers of 4 floats) takes the same panels and blocks: 24 accumulators, 4 weight vectors
- * and a broadcast. Without any of them small_gemm_fast() returns 0 and callers keep their
+ * registers of 4 floats) takes the same panels and blocks of up to 5 rows: 20 accumulators, 4
+ * weight vectors and the 5 rows' values of one k, which gcc loads together (at 6 rows it spilled
+ * two accumulators, a store-to-load chain every k). Without any of them small_gemm_fast() returns 0 and callers keep their
  * library path. small_gemm_panel() gives
  * the panel width the packing must use (cpu_kernels.pack_gemm_weight).
  */
@@ -25,9 +26,12 @@
 
 #include "isa.h"
 
-#if defined(JR_AVX2) || defined(JR_NEON)
+#if defined(JR_AVX2)
 #define NR 16 /* output columns per panel */
 #define MR 6  /* most rows per block: 12 accumulators + 2 weight vectors + 1 broadcast */
+#elif defined(JR_NEON)
+#define NR 16 /* output columns per panel */
+#define MR 5  /* most rows per block: 20 accumulators + 4 weight vectors + 5 row values */
 #else
 #define NR 32 /* output columns per panel */
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
@@ -149,14 +153,14 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
                                                        int64_t ncols, const float *bias,
                                                        const int rows) {
     float32x4_t a[MR][4];
-#pragma GCC unroll 6
+#pragma GCC unroll 5
     for (int m = 0; m < rows; m++) a[m][0] = a[m][1] = a[m][2] = a[m][3] = vdupq_n_f32(0.0f);
     for (int64_t k = 0; k < K; k++) {
         const float *wk = w + k * NR;
         const float32x4_t w0 = vld1q_f32(wk), w1 = vld1q_f32(wk + 4);
         const float32x4_t w2 = vld1q_f32(wk + 8), w3 = vld1q_f32(wk + 12);
         if (pf) __builtin_prefetch(pf + ((k * bpk) >> 8), 0, 2); /* bpk/256 bytes per k */
-#pragma GCC unroll 6
+#pragma GCC unroll 5
         for (int m = 0; m < rows; m++) {
             const float32x4_t xb = vld1q_dup_f32(x + m * ldx + k);
             a[m][0] = vfmaq_f32(a[m][0], xb, w0);
@@ -173,7 +177,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
     }
     float32x4_t bv[4];
     for (int c = 0; c < 4; c++) bv[c] = b ? vld1q_f32(b + 4 * c) : vdupq_n_f32(0.0f);
-#pragma GCC unroll 6
+#pragma GCC unroll 5
     for (int m = 0; m < rows; m++) {
         float *dst = ncols == NR ? y + m * ldy : row;
         for (int c = 0; c < 4; c++) vst1q_f32(dst + 4 * c, vaddq_f32(a[m][c], bv[c]));
@@ -191,7 +195,10 @@ static void tile_rows(const float *x, int64_t ldx, int64_t K, const float *w, co
     switch (rows) { /* one register-resident specialisation per row count */
 #define TILE(n) \
     case n: tile(x, ldx, K, w, pf, bpk, y, ldy, ncols, bias, n); break;
-        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5)
+#if MR >= 6
+        TILE(6)
+#endif
 #undef TILE
     }
 }
