@@ -41,7 +41,7 @@ from jobrunner.engine.paged import cpu_kernels
 
 LAYERS, HIDDEN, MLP, VOCAB = 30, 576, 1536, 49152
 NH, NKV, HD = 9, 3, 64
-LANES = {"avx512": 16, "avx2": 8, "scalar": 4}  # float32 lanes a vector (scalar: SSE/NEON)
+LANES = {"avx512": 16, "avx2": 8, "neon": 4, "scalar": 4}  # float32 lanes a vector (scalar: SSE)
 
 CLOCK_PROBE = r"""
 #include <stdint.h>
