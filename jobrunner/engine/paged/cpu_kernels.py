@@ -12,10 +12,10 @@ The vector path is the CPU's (csrc/isa.h); `isa()` says which, and the load logs
 - avx512, avx2 (+FMA, F16C): every kernel has its vector code.
 - neon (aarch64: Graviton, Ampere, Grace): the few-row linears (small_gemm.c, the same packed
   panels and contract as AVX2), the norms and SiLU, and decode attention (its plain C path with
-  NEON row loads, dot products, softmax and V sum: csrc/decode_neon.h) are vectorised; prefill attention keeps torch's SDPA and
-  bfloat16 weights torch's linears. No SVE code: on Neoverse V1 and V2 its FMA throughput is
-  NEON's. Tested on x86 by cross-compiling and running under qemu-aarch64, for correctness
-  only (tests/test_aarch64_kernels.py).
+  NEON row loads, dot products, softmax and V sum: csrc/decode_neon.h) are vectorised; prefill
+  attention keeps torch's SDPA and bfloat16 weights torch's linears. No SVE code: on Neoverse
+  V1 and V2 its FMA throughput is NEON's. Tested on x86 by cross-compiling and running under
+  qemu-aarch64, for correctness only (tests/test_aarch64_kernels.py).
 - scalar (x86 without AVX2, other ISAs): plain C; decode attention, the norms and RoPE run it,
   while the few-row linears and prefill attention keep their torch paths.
 """

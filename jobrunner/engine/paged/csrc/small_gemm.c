@@ -17,9 +17,9 @@
  * blocks of up to 6 rows: 12 accumulators, 2 weight vectors and a broadcast. NEON (aarch64: 32
  * registers of 4 floats) takes the same panels and blocks of up to 5 rows: 20 accumulators, 4
  * weight vectors and the 5 rows' values of one k, which gcc loads together (at 6 rows it spilled
- * two accumulators, a store-to-load chain every k). Without any of them small_gemm_fast() returns 0 and callers keep their
- * library path. small_gemm_panel() gives
- * the panel width the packing must use (cpu_kernels.pack_gemm_weight).
+ * two accumulators, a store-to-load chain every k). Without any of them small_gemm_fast()
+ * returns 0 and callers keep their library path. small_gemm_panel() gives the panel width the
+ * packing must use (cpu_kernels.pack_gemm_weight).
  */
 #include <stdint.h>
 #include <string.h>
