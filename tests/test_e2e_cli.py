@@ -59,6 +59,8 @@ output: {{path: {tmp_path / "out"}, format: parquet, shard_rows: 3}}
 
 
 def test_chat_job_every_row_once_and_report_matches_rows(chat_job, tmp_path):
+    from jobrunner.engine.start import LOAD_PARTS
+
     code, summary = run_cli("run", str(chat_job))
     assert code == 0
     assert summary["status"] == "done"
@@ -87,6 +89,10 @@ def test_chat_job_every_row_once_and_report_matches_rows(chat_job, tmp_path):
     assert report["cost"]["cost_usd"] > 0
     assert summary["cost_usd"] == pytest.approx(report["cost"]["cost_usd"], abs=1e-8)
     assert (out / "_SUCCESS").exists() and (out / "report.md").exists()
+    run = json.loads((out / "manifest.json").read_text())["runs"][-1]
+    assert set(run["load_parts"]) == set(LOAD_PARTS)  # the start-up the bench prints
+    assert sum(run["load_parts"].values()) == pytest.approx(run["load_seconds"])
+    assert run["before_load_seconds"] > 0
 
 
 def test_finished_job_rerun_does_nothing(chat_job, tmp_path):

@@ -30,8 +30,10 @@ def test_workers_merge_into_the_pools_record():
         notes=["x"],
     )
     b = worker(load_seconds=12.0, engine_seconds=20.0, steps=7, cache_saved_usd=0.25, notes=["x"])
+    b.load_parts = {"imports": 5.0, "model": 7.0}
     m = RunRecord.merge([a, b], executor="ray", wall_seconds=99.0)
     assert (m.executor, m.wall_seconds, m.load_seconds) == ("ray", 99.0, 12.0)
+    assert m.load_parts == {"imports": 5.0, "model": 7.0}  # the slowest worker's
     assert m.engine_seconds == pytest.approx(30.0)  # the mean: busy fractions stay per device
     assert (m.steps, m.deduplicated, m.cache_saved_usd) == (12, 1, 0.75)
     assert (m.device_count, m.usd_per_hour, m.notes) == (2, 4.0, ["x"])
@@ -57,12 +59,14 @@ def test_the_record_of_a_started_engine_names_its_counters_price_and_weights():
     started = SimpleNamespace(
         engine=SimpleNamespace(kind="paged", stats=stats),
         load_seconds=2.5,
+        load_parts={"imports": 1.0, "model": 1.5},
         weights={"quantization": "none"},
     )
     device = DeviceInfo("cpu", "AMD EPYC", 2)
     rate = device_rate(device, JobConfig().cost)
     rec = RunRecord.of_engine(JobConfig(), started, device, rate, wall_seconds=8.0, work_units=5)
     assert (rec.engine, rec.steps, rec.load_seconds, rec.wall_seconds) == ("paged", 9, 2.5, 8.0)
+    assert rec.load_parts == {"imports": 1.0, "model": 1.5}
     assert (rec.usd_per_hour, rec.price_source) == (rate.usd_per_hour, rate.label)
     assert rec.price_unit == rate.price.unit and rec.device_count == 2
     assert rec.weights["quantization"] == "none" and rec.weights["kv_bytes_per_token"] == 64

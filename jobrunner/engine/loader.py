@@ -12,7 +12,12 @@ from typing import Any
 
 from jobrunner.config import ModelConfig
 from jobrunner.engine.dtype_probe import choose_cpu_dtype
-from jobrunner.engine.resolve import ModelSource, gguf_cache_path, resolve_source
+from jobrunner.engine.resolve import (
+    GGUF_CACHE_SUFFIX,
+    ModelSource,
+    gguf_cache_path,
+    resolve_source,
+)
 from jobrunner.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -150,6 +155,8 @@ def local_dir_or_gguf(cfg: ModelConfig) -> str:
 
 
 def _tokenizer(where: str, trust_remote_code: bool, revision: str | None) -> Any:
+    if _is_gguf_cache(where):
+        return _saved_tokenizer(where)
     from transformers import AutoTokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
@@ -159,6 +166,26 @@ def _tokenizer(where: str, trust_remote_code: bool, revision: str | None) -> Any
         p = Path(where)
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, **kwargs)
     return AutoTokenizer.from_pretrained(where, **kwargs)
+
+
+def _is_gguf_cache(where: str) -> bool:
+    """A dequantized GGUF's cache directory (`_dequantize_gguf` wrote its tokenizer files)."""
+    p = Path(where)
+    return p.parent.name == "gguf" and p.name.endswith(GGUF_CACHE_SUFFIX) and p.is_dir()
+
+
+def _saved_tokenizer(where: str) -> Any:
+    """The tokenizer `_dequantize_gguf` saved, by the class it was saved as: the one
+    AutoTokenizer gives (tests/test_startup.py), without AutoTokenizer's import, which brings
+    torch and transformers' configuration code (seconds `validate` needs for nothing else)."""
+    conf = json.loads((Path(where) / "tokenizer_config.json").read_text())
+    if conf.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(where)
+    from transformers import AutoTokenizer  # saved by another transformers: let it choose
+
+    return AutoTokenizer.from_pretrained(where)
 
 
 def _ensure_dense(src: ModelSource) -> str:

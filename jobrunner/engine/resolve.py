@@ -9,6 +9,7 @@ a plain HF directory (safetensors) keyed by the file's content hash, so later lo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -99,6 +100,17 @@ def _hub_snapshot(hub_id: str) -> Path | None:
     return None
 
 
+def gguf_digest(path: Path) -> str:
+    """`file_digest` of a GGUF file, read once per process while its size and mtime stay."""
+    st = path.stat()
+    return _digest_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+    return file_digest(Path(path))
+
+
 def file_digest(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -108,11 +120,12 @@ def file_digest(path: Path, chunk: int = 1 << 22) -> str:
 
 
 GGUF_CACHE_FORMAT = 2  # 2: a tied LM head is stored as the input embeddings (the HF layout)
+GGUF_CACHE_SUFFIX = f"-v{GGUF_CACHE_FORMAT}"
 
 
 def gguf_cache_path(src: ModelSource) -> Path:
     """Where the dequantized GGUF is (or goes): found in either cache, else the writable one."""
-    name = f"{file_digest(src.gguf_path)}-v{GGUF_CACHE_FORMAT}"
+    name = f"{gguf_digest(src.gguf_path)}{GGUF_CACHE_SUFFIX}"
     for root in (cache_dir(), fallback_cache_dir()):
         if (root / "gguf" / name / "config.json").is_file():
             return root / "gguf" / name

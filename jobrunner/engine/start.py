@@ -8,7 +8,7 @@ and every Ray worker call it, so both run the same checks in the same order.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobrunner.config import JobConfig
@@ -18,6 +18,9 @@ from jobrunner.engine.engines import make_engine
 from jobrunner.engine.loader import LoadedModel
 from jobrunner.engine.quant.apply import check_engine, prepare_weights
 
+# the parts of the load time, in order (StartedEngine.load_parts)
+LOAD_PARTS = ("imports", "model", "engine", "warm_up")
+
 
 @dataclass
 class StartedEngine:
@@ -25,6 +28,29 @@ class StartedEngine:
     engine: Engine
     weights: dict[str, Any]  # the run record's quantization and quality figures
     load_seconds: float  # from `since` to a ready engine
+    # load_seconds split by LOAD_PARTS: imports (torch, transformers' model base, the
+    # engines), model (its own code, the dtype choice, the weights mapped, the tokenizer),
+    # engine (quality gate, quantization, the engine built: fused weights, KV cache), warm_up
+    # (engine.warm_up: weights packed, kernels loaded); what ran between `since` and the call
+    # (the engine modules' import, which brings torch) counts as imports
+    load_parts: dict[str, float] = field(default_factory=dict)
+
+
+class _Parts:
+    """Seconds between marks, from a start time (time.monotonic)."""
+
+    def __init__(self, since: float) -> None:
+        self.since = self.last = since
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, part: str) -> None:
+        now = time.monotonic()
+        self.seconds[part] = now - self.last
+        self.last = now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.since
 
 
 def start_engine(
@@ -33,14 +59,19 @@ def start_engine(
     """Raises ConfigError (78) for a model or format this device cannot run and
     QualityBelowThreshold (65) when the quantized model falls below the bar. `cpu_threads`:
     torch's threads on a CPU device, unless engine.num_threads sets them."""
-    t0 = time.monotonic() if since is None else since
+    parts = _Parts(time.monotonic() if since is None else since)
+    import torch
+    from transformers import PreTrainedModel  # noqa: F401  (every model's base: timed apart)
+
+    parts.mark("imports")
     loaded = loader.load_model(cfg.model)  # looked up here: tests stand in for it
     if cpu_threads and loaded.device.type == "cpu" and not cfg.engine.num_threads:
-        import torch
-
         torch.set_num_threads(max(1, cpu_threads))
+    parts.mark("model")
     weights = prepare_weights(loaded, cfg)
     engine = make_engine(loaded, cfg)
     check_engine(engine, cfg)
+    parts.mark("engine")
     engine.warm_up()
-    return StartedEngine(loaded, engine, weights, time.monotonic() - t0)
+    parts.mark("warm_up")
+    return StartedEngine(loaded, engine, weights, parts.total, parts.seconds)

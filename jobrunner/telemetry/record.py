@@ -34,6 +34,8 @@ class RunRecord:
     executor: str = "local"
     wall_seconds: float = 0.0
     load_seconds: float = 0.0
+    load_parts: dict[str, float] = field(default_factory=dict)  # engine/start.py LOAD_PARTS
+    before_load_seconds: float | None = None  # process start to the load (local runs)
     engine_seconds: float = 0.0  # Ray: the mean per worker, so busy fractions stay per device
     forward_seconds: float = 0.0
     steps: int = 0
@@ -77,6 +79,7 @@ class RunRecord:
             model=cfg.model.source,
             engine=engine.kind,
             load_seconds=started.load_seconds,
+            load_parts=dict(started.load_parts),
             usd_per_hour=rate.usd_per_hour,
             price_source=rate.label,
             engine_seconds=st.engine_seconds,
@@ -99,14 +102,17 @@ class RunRecord:
     @classmethod
     def merge(cls, records: list[RunRecord], **fields: Any) -> RunRecord:
         """One record for a pool of workers: counters and savings summed, busy seconds the mean
-        per worker, load the slowest, devices and prices the pool's, notes once each."""
+        per worker, load the slowest (and its parts), devices and prices the pool's, notes
+        once each."""
         n = len(records) or 1
         first = records[0] if records else cls()
+        slowest = max(records, key=lambda w: w.load_seconds, default=first)
         merged = cls(
             job=first.job,
             model=first.model,
             engine=first.engine,
-            load_seconds=max((w.load_seconds for w in records), default=0.0),
+            load_seconds=slowest.load_seconds,
+            load_parts=slowest.load_parts,
             engine_seconds=sum(w.engine_seconds for w in records) / n,
             forward_seconds=sum(w.forward_seconds for w in records) / n,
             **{k: sum(getattr(w, k) for w in records) for k in (*ENGINE_COUNTERS, *SAVINGS)},
