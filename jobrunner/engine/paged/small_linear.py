@@ -13,8 +13,8 @@ from jobrunner.engine.paged import cpu_kernels
 class SmallRowLinear:
     """Linear layers on CPU with weights packed once, for float32 rows.
 
-    float32 weights: our AVX-512 or AVX2 kernel (csrc/small_gemm.c) for every row count where
-    it builds, else oneDNN's prepacked linear for steps of up to ONEDNN_MAX_ROWS rows (decode,
+    float32 weights: our AVX-512, AVX2 or NEON kernel (csrc/small_gemm.c) for every row count
+    where it builds, else oneDNN's prepacked linear for steps of up to ONEDNN_MAX_ROWS rows (decode,
     short prefill chunks) and F.linear beyond. The kernel takes a prefill step's many rows a
     slice at a time that stays in L2 (1 thread, SmolLM2's layer shapes: about 95 GFLOP/s, 92%
     of an AVX2 core's peak, against MKL's 82-89 at 1,024 and 4,096 rows; docs/performance.md).
