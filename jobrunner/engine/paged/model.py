@@ -89,9 +89,8 @@ class PagedCausalLM:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
-        self.dtype = (
-            hf_model.dtype
-        )  # the weights' and KV cache's: its first floating-point parameter's
+        # the weights' and KV cache's dtype: the model's first floating-point parameter's
+        self.dtype = hf_model.dtype
         self.small_rows = SmallRowLinear() if SmallRowLinear.usable(hf_model) else F.linear
         self.act_dtype = torch.float32 if self._float_rows(hf_model) else self.dtype
         self.norm_weights = self._norm_weights(hf_model)  # module -> weight in act_dtype
