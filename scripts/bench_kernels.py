@@ -45,12 +45,14 @@ LANES = {"avx512": 16, "avx2": 8, "neon": 4, "scalar": 4}  # float32 lanes a vec
 
 CLOCK_PROBE = r"""
 #include <stdint.h>
-/* 8 dependent adds an iteration: one cycle each, so cycles = 8 * iterations. */
+/* 8 dependent register adds an iteration: one cycle each, so cycles = 8 * iterations (adds of
+ * an immediate would not do: Golden Cove folds chains of them at rename, several a cycle). */
 int64_t spin(int64_t n) {
-    int64_t x = 0;
+    int64_t x = 0, one = 1;
     for (int64_t i = 0; i < n; i++)
-        __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-                         "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+        __asm__ volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+                         "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0"
+                         : "+r"(x) : "r"(one));
     return x;
 }
 """
@@ -111,6 +113,35 @@ double dot_bf16(int64_t n, float *sink) {
     return (double)n * CHAINS * 64;
 }
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* flops done: n iterations of 4 independent tdpbf16ps (16 x 16 x 32 multiply-adds each) on
+ * tiles that stay loaded; -1 when Linux does not grant the tile state. */
+double amx_bf16(int64_t n, float *sink) {
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return -1.0;
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+    static uint16_t ones[16 * 32] __attribute__((aligned(64)));
+    for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80;
+    float out[16 * 16];
+    _tile_loadd(4, ones, 64); _tile_loadd(5, ones, 64); _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t i = 0; i < n; i++) {
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    *sink = out[0];
+    return (double)n * 4 * 16 * 16 * 32 * 2;
+}
+#endif
 """
 
 
@@ -150,9 +181,10 @@ def clock_ghz() -> float | None:
         return 8 * n / best / 1e9
 
 
-def measured_core_flops(bf16: bool = False) -> float | None:
-    """One core's FLOP/s on independent FMA chains (vdpbf16ps with `bf16`), by the thread's CPU
-    time: None off x86-64 with AVX2, without a C compiler, or without AVX-512 BF16 for bf16."""
+def measured_core_flops(bf16: bool = False, amx: bool = False) -> float | None:
+    """One core's FLOP/s on independent FMA chains (vdpbf16ps with `bf16`, AMX tiles with
+    `amx`), by the thread's CPU time: None off x86-64 with AVX2, without a C compiler, or
+    without the instructions."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None or cpu_kernels.isa() not in ("avx512", "avx2"):
         return None
@@ -162,7 +194,7 @@ def measured_core_flops(bf16: bool = False) -> float | None:
         cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", str(src), "-o", str(so)]
         subprocess.run(cmd, check=True)
         lib = ctypes.CDLL(str(so))
-        name = "dot_bf16" if bf16 else "fma_f32"
+        name = "amx_bf16" if amx else "dot_bf16" if bf16 else "fma_f32"
         if not hasattr(lib, name):
             return None
         fn = getattr(lib, name)
@@ -170,7 +202,9 @@ def measured_core_flops(bf16: bool = False) -> float | None:
         sink, best = ctypes.c_float(), 0.0
         for _ in range(5):
             t = time.thread_time()
-            flops = fn(2_000_000, ctypes.byref(sink))
+            flops = fn(200_000 if amx else 2_000_000, ctypes.byref(sink))
+            if flops < 0:
+                return None
             best = max(best, flops / max(time.thread_time() - t, 1e-9))
         return best
 
@@ -187,24 +221,34 @@ def nominal_ghz() -> float | None:
 
 def peak_flops(cores: int, bf16: bool = False) -> tuple[float, str]:
     """FLOP/s peak of `cores` cores for the kernels' ISA, and how it was found: float32 FMAs,
-    or with `bf16` (AVX-512 BF16) vdpbf16ps, two multiply-adds a float32 lane. Where the FMA
-    probe runs, the measured rate of one core times the cores (the ISA's lanes x 2 FMA units is
-    printed beside it: the two differ where a core splits wide vectors, as Zen 4 does);
-    elsewhere the formula."""
+    or with `bf16` the bfloat16 path the kernels take: AMX tiles where they run
+    (cpu_kernels.amx_rows(): 16 x 16 x 32 multiply-adds a tdpbf16ps, 1,024 flops a cycle by
+    the ISA), else vdpbf16ps, two multiply-adds a float32 lane. Where the probe runs, the
+    measured rate of one core times the cores (the ISA's formula is printed beside it: the two
+    differ where a core splits wide vectors, as Zen 4 does); elsewhere the formula."""
     isa = cpu_kernels.isa() or "scalar"
     ghz, how = clock_ghz(), "measured"
     if ghz is None:
         ghz, how = nominal_ghz() or 2.0, "nominal"
-    lanes = LANES[isa] * (2 if bf16 else 1)
-    formula = cores * ghz * 1e9 * lanes * 2 * 2
-    unit = "bfloat16 pairs (vdpbf16ps)" if bf16 else f"lanes ({isa})"
-    by_isa = f"{cores} cores x {ghz:.2f} GHz ({how}) x {lanes} {unit} x 2 FMA units x 2"
-    core = measured_core_flops(bf16)
+    amx = bf16 and cpu_kernels.amx_rows() > 0
+    if amx:
+        per_cycle, unit = 1024, "flops a cycle (AMX tdpbf16ps, steps of many rows)"
+    else:
+        lanes = LANES[isa] * (2 if bf16 else 1)
+        per_cycle = lanes * 2 * 2
+        unit = ("bfloat16 pairs (vdpbf16ps)" if bf16 else f"lanes ({isa})") + " x 2 FMA units x 2"
+        unit = f"{lanes} {unit}"
+    formula = cores * ghz * 1e9 * per_cycle
+    by_isa = f"{cores} cores x {ghz:.2f} GHz ({how}) x " + (
+        f"{per_cycle} {unit}" if amx else unit
+    )
+    core = measured_core_flops(bf16, amx)
+    what = "AMX tile products" if amx else "FMA chains"
     if core is None:
         return formula, f"{by_isa} = {formula / 1e9:.0f} GFLOP/s"
     peak = cores * core
     note = (
-        f"{cores} cores x {core / 1e9:.0f} GFLOP/s (independent FMA chains on one core:"
+        f"{cores} cores x {core / 1e9:.0f} GFLOP/s (independent {what} on one core:"
         f" {core / (ghz * 1e9):.0f} flops a cycle at {ghz:.2f} GHz) = {peak / 1e9:.0f} GFLOP/s;"
         f" by the ISA {by_isa} = {formula / 1e9:.0f}"
     )
@@ -250,8 +294,9 @@ def bench_gemm(clock: Clock, rows: list[int]) -> None:
 
 def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
     """bfloat16 weights: torch's F.linear on bfloat16 rows (oneDNN) against our vdpbf16ps kernel
-    on float32 rows (rounded to bfloat16 inside), against `peak`, the bfloat16 peak (one
-    vdpbf16ps does 32 multiply-adds where an FMA does 16)."""
+    on float32 rows (rounded to bfloat16 inside) and, where the CPU has them, our AMX tiles at
+    every row count, against `peak`, the bfloat16 peak of the path the kernels take (one
+    vdpbf16ps does 32 multiply-adds where an FMA does 16; AMX: peak_flops)."""
     if not cpu_kernels.gemm_bf16_supported():
         print("\n[gemm-bf16] skipped: no AVX-512 BF16 kernel on this CPU")
         return
@@ -266,13 +311,18 @@ def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
     wbytes = 2 * sum(w.numel() for w in weights)
     print(f"\n[gemm-bf16] the same linears in bfloat16 ({wbytes / 1e6:.0f} MB)")
     ours = [cpu_kernels.pack_gemm_weight_bf16(w) for w in weights]
+    amx = cpu_kernels.amx_rows()
+    if amx:
+        print(f"  (the kernel takes AMX from {amx} rows; here each path at every row count)")
     for m in rows:
         x32 = {k: torch.randn(m, k, generator=g) for k in (HIDDEN, MLP)}
         x16 = {k: v.to(torch.bfloat16) for k, v in x32.items()}
         paths = {
             "F.linear bf16": partial(_linears, _f_linear, x16, weights, weights),
-            "kernel bf16": partial(_linears, _kernel_bf16, x32, weights, ours),
+            "vdpbf16ps": partial(_with_amx_rows, 0, _linears, _kernel_bf16, x32, weights, ours),
         }
+        if amx:
+            paths["AMX"] = partial(_with_amx_rows, 1, _linears, _kernel_bf16, x32, weights, ours)
         cells = []
         for name, fn in paths.items():
             s = clock.best(fn)
@@ -281,6 +331,16 @@ def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
             if m <= 16:
                 cells[-1] += f" {wbytes / s / 1e9:5.1f} GB/s"
         print(f"  {m:4d} rows: " + " | ".join(cells), flush=True)
+
+
+def _with_amx_rows(rows: int, fn, *args) -> None:
+    """fn(*args) with the kernels' AMX threshold at `rows` (0: AMX off), then as it was."""
+    before = cpu_kernels.amx_rows()
+    cpu_kernels.amx_rows(rows)
+    try:
+        fn(*args)
+    finally:
+        cpu_kernels.amx_rows(before)
 
 
 def _kernel_bf16(x, w, p):

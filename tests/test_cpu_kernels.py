@@ -206,18 +206,38 @@ def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
 
 
-@pytest.mark.skipif(not cpu_kernels.gemm_bf16_supported(), reason="no AVX-512 BF16 on this CPU")
-@pytest.mark.parametrize("n,k", [(100, 70), (32, 576), (17, 1), (1, 33), (24, 9), (40, 577)])
-def test_small_gemm_bf16_is_exact_on_bfloat16_rounded_rows(n, k):
+BF16_PATHS = ["vdpbf16ps", "amx"]
+
+
+@pytest.fixture(params=BF16_PATHS)
+def bf16_path(request):
+    """Each bfloat16 linear path this CPU has: vdpbf16ps (AMX off), and AMX tiles for steps
+    of 16 rows or more where Linux grants them (skipped elsewhere)."""
+    if not cpu_kernels.gemm_bf16_supported():
+        pytest.skip("no AVX-512 BF16 on this CPU")
+    before = cpu_kernels.amx_rows()
+    if request.param == "amx" and before == 0:
+        pytest.skip("no AMX tiles on this CPU")
+    cpu_kernels.amx_rows(16 if request.param == "amx" else 0)
+    yield request.param
+    cpu_kernels.amx_rows(before)
+
+
+@pytest.mark.parametrize(
+    "n,k",
+    [(100, 70), (32, 576), (17, 1), (1, 33), (24, 9), (40, 577), (100, 64), (577, 1536), (33, 32)],
+)
+def test_small_gemm_bf16_is_exact_on_bfloat16_rounded_rows(bf16_path, n, k):
     """bfloat16 weights times float32 rows rounded to bfloat16 (as torch rounds them), summed in
     float32: equal to the float64 product of the same bfloat16 values within float32 rounding,
-    at row counts around the 14-row blocks and the row slices, widths off the 32-column panels,
-    odd K (the pair's zero half), strided rows."""
+    on each path, at row counts around the 14-row blocks, the 16-row tiles, the 32-row AMX
+    blocks and the row slices, widths off the 32-column panels, odd K (the pair's zero half),
+    K a multiple of 32 (the AMX tiles' k step) and not, strided rows."""
     g = torch.Generator().manual_seed(5)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)
     b = torch.randn(n, generator=g)
     packed = cpu_kernels.pack_gemm_weight_bf16(w)
-    for rows in (1, 5, 13, 14, 15, 29, 52, 300, 1000):
+    for rows in (1, 5, 13, 14, 15, 16, 17, 29, 31, 32, 33, 52, 300, 1000):
         x = torch.randn(rows, 2 * k, generator=g)[:, :k]
         for bias in (b, None):
             got = cpu_kernels.small_gemm_bf16(x, packed, bias, n)

@@ -9,7 +9,10 @@ aarch64, must not run on another CPU). Without a compiler, or with JOBRUNNER_CPU
 `load()` returns None and callers use their torch path; the reason is logged once.
 
 The vector path is the CPU's (csrc/isa.h); `isa()` says which, and the load logs it:
-- avx512, avx2 (+FMA, F16C): every kernel has its vector code.
+- avx512, avx2 (+FMA, F16C): every kernel has its vector code. With AVX-512 BF16, bfloat16
+  weights have their linear kernel (small_gemm_bf16.c); with AMX as well, its steps of
+  amx_rows() rows or more run on AMX tiles (small_gemm_amx.c; JOBRUNNER_AMX_ROWS sets the
+  threshold, 0 turns AMX off), and the load log says so.
 - neon (aarch64: Graviton, Ampere, Grace): the few-row linears (small_gemm.c, the same packed
   panels and contract as AVX2), the norms and SiLU, and decode attention (its plain C path with
   NEON row loads, dot products, softmax and V sum: csrc/decode_neon.h) are vectorised; prefill
@@ -85,9 +88,18 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_bf16.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_panel.restype = ctypes.c_int
     lib.small_gemm_bf16_panel.argtypes = []
+    lib.small_gemm_bf16_amx_rows.restype = _i64
+    lib.small_gemm_bf16_amx_rows.argtypes = [_i64]
     lib.kernel_isa.restype = ctypes.c_char_p
     lib.kernel_isa.argtypes = []
+    amx_rows = _env_rows(os.environ.get("JOBRUNNER_AMX_ROWS", ""))
+    if amx_rows is not None:
+        lib.small_gemm_bf16_amx_rows(amx_rows)
     isa_name = lib.kernel_isa().decode()
+    if lib.small_gemm_bf16_fast() and lib.small_gemm_bf16_amx_rows(-1):
+        isa_name += " with AMX tiles for bfloat16 steps of %d rows or more" % (
+            lib.small_gemm_bf16_amx_rows(-1)
+        )
     if isa_name == "scalar":
         log.info("CPU kernels built without AVX2 or AVX-512 (plain C): %s", TORCH_WITHOUT_VECTORS)
     elif isa_name == "neon":
@@ -95,6 +107,25 @@ def load() -> ctypes.CDLL | None:
     else:
         log.info("CPU kernels built for %s", isa_name)
     return lib
+
+
+def _env_rows(value: str) -> int | None:
+    """JOBRUNNER_AMX_ROWS as a row count; None when unset, or (logged) not a count."""
+    if not value:
+        return None
+    if value.isdigit():
+        return int(value)
+    log.warning("JOBRUNNER_AMX_ROWS=%r is not a row count (0 turns AMX off): ignored", value)
+    return None
+
+
+def amx_rows(rows: int | None = None) -> int:
+    """The row count from which bfloat16 linears run on AMX tiles (0: not on this CPU, or off),
+    after setting it to `rows` when given (0 turns AMX off; JOBRUNNER_AMX_ROWS sets it at load)."""
+    lib = load()
+    if lib is None or not lib.small_gemm_bf16_fast():
+        return 0
+    return int(lib.small_gemm_bf16_amx_rows(-1 if rows is None else rows))
 
 
 def isa() -> str | None:

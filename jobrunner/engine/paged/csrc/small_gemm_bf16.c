@@ -14,6 +14,9 @@
  * lines of y it will write (a 1,024-row step's output is 12 MB, beyond L2: its stores missed,
  * 1 thread, 3072 x 576: 382 -> 453 GFLOP/s).
  *
+ * Where the CPU has AMX tiles (small_gemm_amx.c) steps of amx_rows rows or more take them
+ * instead, with the same packed weights.
+ *
  * Without AVX-512 BF16, small_gemm_bf16_fast() returns 0 and bf16 models keep torch's linears.
  */
 #include <stdint.h>
@@ -25,6 +28,20 @@
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
 
 int small_gemm_bf16_panel(void) { return NR; }
+
+int small_gemm_amx_ready(void);
+int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
+                   int64_t M, int64_t N, int64_t K, int threads);
+
+/* Rows from which a step takes the AMX tiles where they are granted; 0: never. Measured on a
+ * 2-core Sapphire Rapids (docs/performance.md); cpu_kernels.py may set it. */
+static int64_t amx_rows = 16;
+
+/* The AMX threshold now, after setting it to `rows` when rows >= 0; 0 when AMX is not there. */
+int64_t small_gemm_bf16_amx_rows(int64_t rows) {
+    if (rows >= 0) amx_rows = rows;
+    return small_gemm_amx_ready() ? amx_rows : 0;
+}
 
 #if defined(JR_AVX512) && defined(__AVX512BF16__)
 
@@ -133,6 +150,8 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 #define MC_BYTES (128 * 1024)
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
+    if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && small_gemm_amx_ready())
+        return small_gemm_amx(x, ldx, w, bias, y, M, N, K, threads);
     const int64_t K2 = (K + 1) / 2;
     int64_t mc = MC_BYTES / 4 / (K2 > 0 ? K2 : 1);
     mc = mc < 8 * MR ? 8 * MR : mc - mc % MR;
