@@ -98,3 +98,22 @@ def test_auto_on_cpu_loads_the_built_in_model_in_the_chosen_dtype(monkeypatch, c
 
 def test_a_named_dtype_is_taken_as_given():
     assert pick_dtype("float32", torch.device("cpu")) == (torch.float32, "model.dtype")
+
+
+def test_the_measurement_runs_on_one_thread_and_gives_the_threads_back(monkeypatch):
+    # On two threads under another process's load, a kernel waits at each barrier for the
+    # thread the scheduler took: float32 measured 10x its quiet time and bfloat16, 2x faster
+    # alone, lost. One thread's CPU time is what other processes do not inflate.
+    seen: list[int] = []
+    timed = dtype_probe._pass
+    monkeypatch.setattr(
+        dtype_probe, "_pass", lambda *a: seen.append(torch.get_num_threads()) or timed(*a)
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        dtype_probe._time_dtypes(64, 128)
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

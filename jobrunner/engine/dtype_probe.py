@@ -8,6 +8,13 @@ fast as float32, because decode steps are memory-bound and bf16 halves the weigh
 a large bf16 matmul alone ran at half float32's rate; on a Zen 3 (AVX2 only) bf16 is emulated
 and every shape is several times slower. float32 is exact (the oracle's dtype), so bfloat16 must
 win clearly (MARGIN) to be chosen.
+
+The timing runs on one thread by its own CPU time, whatever the job's thread count: timed on
+two threads by the wall clock on a 2-core Sapphire Rapids with another process running (load
+3), a float32 decode pass took 10x its quiet time (a kernel's threads wait at every barrier
+for the one the scheduler took away) and bfloat16, 2x faster on one thread, measured 0.70x as
+fast: the wrong choice, cached for good. One thread's CPU time is what the other processes do
+not inflate, and the two dtypes' ratio is the kernels', which scale alike over the cores.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ DECODE_ROWS = 32  # a decode step of a modest batch (memory-bound)
 PREFILL_ROWS = 256  # a prefill chunk (compute-bound: one copy of the weights is enough)
 TRAFFIC_BYTES = 64 << 20  # float32 weight bytes per decode pass, beyond most last-level caches
 GIVE_UP = 3.0  # bfloat16 this much slower than float32 after a round cannot win
-PROBE_VERSION = 2  # 2: packing untimed, alternating rounds (1 timed packing: float32 won)
+PROBE_VERSION = 3  # 3: one thread's CPU time; 2: packing untimed, alternating rounds
 ROUNDS = 10  # timings of each dtype, alternating; the best of each part counts
 
 
@@ -76,9 +83,21 @@ def measure(hidden: int, intermediate: int) -> DtypeChoice:
 
 
 def _time_dtypes(hidden: int, intermediate: int) -> dict[str, float]:
-    """Each dtype's seconds per token (the mean of a decode step's and a prefill chunk's), each
-    part the best of ROUNDS rounds that alternate between the dtypes, so a burst of other work
-    on the machine slows a round of both rather than one dtype's whole measurement."""
+    """Each dtype's seconds per token (the mean of a decode step's and a prefill chunk's) on
+    one thread, each part the best of ROUNDS rounds that alternate between the dtypes, so a
+    burst of other work on the machine slows a round of both rather than one dtype's whole
+    measurement."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernels take torch's thread count at each call
+    try:
+        return _alternate(hidden, intermediate)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _alternate(hidden: int, intermediate: int) -> dict[str, float]:
     import torch
 
     runs = {
@@ -131,10 +150,11 @@ def _candidate(dtype: Any, hidden: int, intermediate: int) -> Callable[[], tuple
 
 
 def _pass(weights: list[Any], xs: dict[int, Any], linear: Any) -> float:
-    t0 = time.perf_counter()
+    """The calling thread's CPU seconds for one pass (the probe runs on one thread)."""
+    t0 = time.thread_time()
     for w in weights:
         linear(xs[w.shape[1]], w, None)
-    return time.perf_counter() - t0
+    return time.thread_time() - t0
 
 
 def _has_native_bf16() -> bool:
