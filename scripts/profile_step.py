@@ -44,6 +44,7 @@ from bench_kernels import peak_flops  # noqa: E402
 from bench_runs import requests  # noqa: E402
 
 from jobrunner.config import JobConfig, ModelConfig  # noqa: E402
+from jobrunner.engine import heap  # noqa: E402
 from jobrunner.engine.engines import ENGINES  # noqa: E402
 from jobrunner.engine.loader import load_model  # noqa: E402
 from jobrunner.engine.paged import cpu_kernels  # noqa: E402
@@ -136,10 +137,12 @@ def report(name: str, parts: Parts, peak: float, flops_prefill: float | None) ->
 def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelConfig(dtype=args.dtype))
+    kept = heap.keep_freed_memory()  # as make_engine does on CPU (JOBRUNNER_KEEP_HEAP=0: not)
     dtype = loaded.model.dtype
     mixed = dtype == torch.bfloat16 and cpu_kernels.gemm_bf16_supported()
     peak, how = peak_flops(args.threads, bf16=mixed)
     print(f"dtype {str(dtype).removeprefix('torch.')}, kernels {cpu_kernels.isa()}; peak {how}")
+    print(f"heap: freed memory {'kept' if kept else 'returned (fresh pages each step)'}")
     cfg = JobConfig()
     cfg.model.max_model_len = 4096
     cfg.engine.prefix_caching = False  # every prompt token computed, as counted

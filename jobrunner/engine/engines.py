@@ -1,7 +1,8 @@
 """The engines by `engine.kind`, and `make_engine`, which picks the one a job asks for.
 
 It falls back to `static` (with a logged reason, and a note in the report) when the paged
-engine does not cover the model.
+engine does not cover the model. On CPU the heap keeps freed memory first (engine/heap.py), so
+every engine, and a calibration's, runs its steps without fresh page faults.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from jobrunner.engine import heap
 from jobrunner.engine.base import Engine
 from jobrunner.engine.paged import PagedEngine
 from jobrunner.engine.static import StaticEngine
@@ -27,6 +29,8 @@ ENGINES: Registry[type[Engine]] = Registry(
 
 
 def make_engine(loaded: LoadedModel, cfg: JobConfig) -> Engine:
+    if loaded.device.type == "cpu":
+        heap.keep_freed_memory()
     if cfg.task == "embed":  # prefill-only: one engine whatever engine.kind says
         from jobrunner.engine.embed.engine import EmbedEngine
 
