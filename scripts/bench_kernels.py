@@ -239,9 +239,7 @@ def peak_flops(cores: int, bf16: bool = False) -> tuple[float, str]:
         unit = ("bfloat16 pairs (vdpbf16ps)" if bf16 else f"lanes ({isa})") + " x 2 FMA units x 2"
         unit = f"{lanes} {unit}"
     formula = cores * ghz * 1e9 * per_cycle
-    by_isa = f"{cores} cores x {ghz:.2f} GHz ({how}) x " + (
-        f"{per_cycle} {unit}" if amx else unit
-    )
+    by_isa = f"{cores} cores x {ghz:.2f} GHz ({how}) x " + (f"{per_cycle} {unit}" if amx else unit)
     core = measured_core_flops(bf16, amx)
     what = "AMX tile products" if amx else "FMA chains"
     if core is None:

@@ -30,7 +30,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--only", default="short,long,decode", help="short, long, decode")
+    p.add_argument("--only", default="short,long,decode", help="short, long, decode, b")
     p.add_argument("--rows", type=int, default=64, help="rows of the short prefill workload")
     return p.parse_args()
 
@@ -111,7 +111,8 @@ def workloads(tokenizer) -> dict[str, tuple[list[list[int]], int]]:
     short = mixed_prompts(tokenizer, args.rows, 256)
     long = [p for p in mixed_prompts(tokenizer, 64, 2700) if len(p) >= 1500][:4]
     decode = mixed_prompts(tokenizer, 32, 600)
-    return {"short": (short, 1), "long": (long, 1), "decode": (decode, 32)}
+    bench_b = mixed_prompts(tokenizer, 64, 2700)  # bench.py (b): 64 rows, 64 new tokens
+    return {"short": (short, 1), "long": (long, 1), "decode": (decode, 32), "b": (bench_b, 64)}
 
 
 def report(name: str, parts: Parts, peak: float, flops_prefill: float | None) -> None:

@@ -66,6 +66,28 @@ def test_paged_prefill_keeps_16_bit_queries_and_reads_a_16_bit_cache(dtype, tol)
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("hd,group", [(64, 3), (128, 8), (64, 1), (128, 4)])
+@pytest.mark.parametrize("bs", [16, 5])
+def test_a_bfloat16_cache_with_float32_queries_is_bfloat16_attention(hd, group, bs):
+    """The mixed mode's prefill (float32 queries over a bfloat16 cache): on AVX-512 BF16 the
+    queries and softmax weights are rounded to bfloat16 for vdpbf16ps; scores, sums and outputs
+    stay float32. Against float64 attention on the bfloat16-rounded queries, every output is
+    within the weights' rounding (2^-9 of a value of about 1); elsewhere the float32 path is
+    closer still."""
+    g = torch.Generator().manual_seed(3)
+    nkv = 2
+    for start, n in CHUNKS + [(0, 700)]:
+        nb = -(-(start + n) // bs)
+        k_cache, v_cache = caches(nkv, nb + 7, bs, hd, torch.bfloat16, g)
+        block_ids = torch.randperm(nb + 7, generator=g)[:nb]
+        q = torch.randn(n, nkv * group, hd, generator=g)
+        got = cpu_kernels.paged_prefill(q, k_cache, v_cache, block_ids, start, hd**-0.5)
+        assert got.dtype == torch.float32
+        rounded = q.to(torch.bfloat16).float()
+        want = reference_prefill(rounded, k_cache, v_cache, block_ids, start, hd**-0.5)
+        torch.testing.assert_close(got, want, atol=8e-3, rtol=0, msg=f"start={start} n={n}")
+
+
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_paged_prefill_reads_a_quantized_cache_in_place(fmt):
     """Codes times their row's scale, as the torch gather dequantizes them."""

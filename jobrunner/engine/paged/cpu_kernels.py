@@ -97,9 +97,8 @@ def load() -> ctypes.CDLL | None:
         lib.small_gemm_bf16_amx_rows(amx_rows)
     isa_name = lib.kernel_isa().decode()
     if lib.small_gemm_bf16_fast() and lib.small_gemm_bf16_amx_rows(-1):
-        isa_name += " with AMX tiles for bfloat16 steps of %d rows or more" % (
-            lib.small_gemm_bf16_amx_rows(-1)
-        )
+        rows = lib.small_gemm_bf16_amx_rows(-1)
+        isa_name += f" with AMX tiles for bfloat16 steps of {rows} rows or more"
     if isa_name == "scalar":
         log.info("CPU kernels built without AVX2 or AVX-512 (plain C): %s", TORCH_WITHOUT_VECTORS)
     elif isa_name == "neon":

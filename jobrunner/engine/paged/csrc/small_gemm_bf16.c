@@ -146,8 +146,11 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 }
 
 /* A slice of rows at a time whose pairs (MC_BYTES, at least 8 row blocks) stay in L2 while
- * every panel passes over them. Returns nonzero when the scratch cannot be allocated. */
-#define MC_BYTES (128 * 1024)
+ * every panel passes over them; each slice streams all of W again, so slices as large as L2
+ * allows (Zen 4, 1 MB L2, 2 threads, SmolLM2's linears at 4,096 rows: 128 KB slices 70-71% of
+ * peak, 512 KB 80-81%; equal at 64-1,024 rows). Returns nonzero when the scratch cannot be
+ * allocated. */
+#define MC_BYTES (512 * 1024)
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
     if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && small_gemm_amx_ready())
