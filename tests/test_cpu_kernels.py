@@ -68,17 +68,25 @@ def test_paged_decode_reads_a_quantized_cache_in_place(fmt, hd, group):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_paged_decode_float32_queries_over_a_16_bit_cache(dtype):
+@pytest.mark.parametrize("hd,group", [(64, 3), (128, 8), (64, 1)])
+def test_paged_decode_float32_queries_over_a_16_bit_cache(dtype, hd, group):
+    """A float16 cache: float32 arithmetic on its values. A bfloat16 cache on AVX-512 BF16 (the
+    mixed mode's decode): queries and softmax weights rounded to bfloat16 for vdpbf16ps, so
+    against attention on the rounded queries within the weights' rounding (2^-9 of a value of
+    about 1); elsewhere float32 arithmetic too."""
     g = torch.Generator().manual_seed(2)
-    k_cache = torch.randn(3, 40, 16, 64, generator=g).to(dtype)
-    v_cache = torch.randn(3, 40, 16, 64, generator=g).to(dtype)
-    tables = torch.randperm(40, generator=g)[:36].view(3, 12)
-    lens = torch.tensor([7, 100, 190])
-    q = torch.randn(3, 9, 64, generator=g)
-    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    k_cache = torch.randn(3, 160, 16, hd, generator=g).to(dtype)
+    v_cache = torch.randn(3, 160, 16, hd, generator=g).to(dtype)
+    lens = torch.tensor([1, 7, 64, 65, 100, 190, 333])  # one token, spans of 64 and odd tails
+    tables = torch.randperm(160, generator=g)[: 7 * 21].view(7, 21)
+    q = torch.randn(7, 3 * group, hd, generator=g)
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lens, hd**-0.5)
     assert got.dtype == torch.float32
-    want = reference_decode(q, k_cache, v_cache, tables, lens, 0.125)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    bf16_dot = dtype == torch.bfloat16 and cpu_kernels.gemm_bf16_supported()
+    q_used = q.to(torch.bfloat16).float() if bf16_dot else q
+    want = reference_decode(q_used, k_cache, v_cache, tables, lens, hd**-0.5)
+    tol = 8e-3 if bf16_dot else 2e-5
+    torch.testing.assert_close(got, want, atol=tol, rtol=0 if bf16_dot else tol)
 
 
 @needs_kernels

@@ -61,6 +61,15 @@ static inline __m512 load16(const void *base, int dtype, int64_t offset) {
     return _mm512_cvtph_ps(half);
 }
 
+#if defined(__AVX512BF16__)
+/* Lane i: (a[i], b[i]) from two rows of 16 bfloat16 values, as vdpbf16ps reads a pair. */
+static inline __m512i row_pairs(const uint16_t *a, const uint16_t *b) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)a));
+    const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)b));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+#endif
+
 #elif defined(JR_AVX2)
 
 /* 8 values at element `offset` of a cache as float32, as load16 reads 16 (F16C converts). */

@@ -259,13 +259,6 @@ static inline __m512i pairs_of(__m512 lo, __m512 hi) {
     return _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
 }
 
-/* Lane i: (a[i], b[i]) from two rows of 16 bfloat16 values. */
-static inline __m512i row_pairs(const uint16_t *a, const uint16_t *b) {
-    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)a));
-    const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)b));
-    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-}
-
 /* tile_avx512 for a bfloat16 cache on AVX-512 BF16: the queries rounded to bfloat16 and held as
  * pairs of head dims, so one vdpbf16ps adds two dims of 16 tokens' scores against a broadcast
  * key pair read from the cache as it is; the softmax weights rounded to bfloat16 and paired
