@@ -7,8 +7,12 @@ and every Ray worker call it, so both run the same checks in the same order.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
@@ -20,6 +24,32 @@ from jobrunner.engine.quant.apply import check_engine, prepare_weights
 
 # the parts of the load time, in order (StartedEngine.load_parts)
 LOAD_PARTS = ("imports", "model", "engine", "warm_up")
+
+# what a run's load counts as `imports`: this module (the engines, which bring torch) and
+# transformers' model base, imported between the run's `since` and the model; the pipeline's
+# own modules are imported before it
+_BEFORE = "import jobrunner.pipeline"
+_IMPORTS = "import jobrunner.engine.start; from transformers import PreTrainedModel"
+
+
+def fresh_import_seconds() -> float | None:
+    """The seconds a fresh interpreter takes for what a run's load counts as imports. For a
+    process that has them imported already (`estimate --calibrate` loads the model after the
+    estimate's own imports), so that the load it records is the load a run pays. None when the
+    child fails."""
+    code = f"import time; {_BEFORE}; t = time.monotonic(); {_IMPORTS}; print(time.monotonic() - t)"
+    root = str(Path(__file__).resolve().parents[2])  # the checkout or site-packages
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+        )
+        return float(out.stdout.split()[-1]) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 @dataclass
