@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -117,3 +118,24 @@ def test_the_measurement_runs_on_one_thread_and_gives_the_threads_back(monkeypat
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_measurement_counts_as_first_use_work_and_a_cached_choice_does_not(
+    monkeypatch, cache_home
+):
+    """`estimate --calibrate` leaves first-use work out of the load it records for later runs,
+    which find the choice cached."""
+    from jobrunner.engine import first_use
+
+    def slow(hidden, intermediate):
+        time.sleep(0.05)
+        return {"float32": 2.0, "bfloat16": 1.0}
+
+    monkeypatch.setattr(dtype_probe, "_has_native_bf16", lambda: True)
+    monkeypatch.setattr(dtype_probe, "_time_dtypes", slow)
+    before = first_use.spent()
+    dtype_probe.choose_cpu_dtype(576, 1536)
+    measured = first_use.spent()
+    assert measured - before >= 0.05
+    dtype_probe.choose_cpu_dtype(576, 1536)  # cached now
+    assert first_use.spent() == measured

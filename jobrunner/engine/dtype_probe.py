@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from jobrunner.engine import first_use
 from jobrunner.engine.resolve import cache_dir
 from jobrunner.telemetry.device import cpu_family, cpu_name
 
@@ -59,7 +60,8 @@ def choose_cpu_dtype(hidden: int, intermediate: int) -> DtypeChoice:
     cache = _read_cache()
     if key in cache:
         return DtypeChoice(**cache[key])
-    choice = measure(hidden, intermediate)
+    with first_use.timed():
+        choice = measure(hidden, intermediate)
     cache[key] = asdict(choice)
     _write_cache(cache)
     log.info("model.dtype auto: %s", choice.reason)

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from jobrunner.engine import first_use
 from jobrunner.engine.resolve import writable_cache_dir
 
 
@@ -34,7 +35,8 @@ def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
     cmd = [cc, *compile_flags(platform.machine()), *map(str, sources)]
     cmd += ["-o", tmp]
     # generous: on a loaded machine the -O3 build of every kernel specialisation took 100 s
-    done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=600)
+    with first_use.timed():
+        done = subprocess.run(cmd + ["-lm"], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         os.unlink(tmp)
         raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
