@@ -139,3 +139,17 @@ def test_a_measurement_counts_as_first_use_work_and_a_cached_choice_does_not(
     assert measured - before >= 0.05
     dtype_probe.choose_cpu_dtype(576, 1536)  # cached now
     assert first_use.spent() == measured
+
+
+def test_first_use_work_nested_in_first_use_work_counts_once():
+    """The probe builds the kernels inside its own timed block: the build is not counted twice."""
+    from jobrunner.engine import first_use
+
+    before, t0 = first_use.spent(), time.monotonic()
+    with first_use.timed():
+        time.sleep(0.02)
+        with first_use.timed():
+            time.sleep(0.05)
+    outer = time.monotonic() - t0
+    counted = first_use.spent() - before
+    assert 0.07 <= counted <= outer  # twice the inner block would exceed the outer one

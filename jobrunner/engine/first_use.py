@@ -9,16 +9,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _spent = [0.0]
+_depth = [0]  # timed blocks open now: only the outermost counts (the probe builds the kernels)
 
 
 @contextmanager
 def timed() -> Iterator[None]:
-    """Counts the block's wall time as first-use work."""
+    """Counts the block's wall time as first-use work, once where such blocks nest."""
     t0 = time.monotonic()
+    _depth[0] += 1
     try:
         yield
     finally:
-        _spent[0] += time.monotonic() - t0
+        _depth[0] -= 1
+        if _depth[0] == 0:
+            _spent[0] += time.monotonic() - t0
 
 
 def spent() -> float:

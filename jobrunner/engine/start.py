@@ -7,6 +7,7 @@ and every Ray worker call it, so both run the same checks in the same order.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from jobrunner.engine.base import Engine
 from jobrunner.engine.engines import make_engine
 from jobrunner.engine.loader import LoadedModel
 from jobrunner.engine.quant.apply import check_engine, prepare_weights
+
+log = logging.getLogger(__name__)
 
 # the parts of the load time, in order (StartedEngine.load_parts)
 LOAD_PARTS = ("imports", "model", "engine", "warm_up")
@@ -38,18 +41,24 @@ def fresh_import_seconds() -> float | None:
     estimate's own imports), so that the load it records is the load a run pays. None when the
     child fails."""
     code = f"import time; {_BEFORE}; t = time.monotonic(); {_IMPORTS}; print(time.monotonic() - t)"
-    root = str(Path(__file__).resolve().parents[2])  # the checkout or site-packages
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-    }
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").exists():  # a source checkout: the child finds this copy
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     try:
         out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
         )
-        return float(out.stdout.split()[-1]) if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
+        if out.returncode == 0:
+            return float(out.stdout.split()[-1])
+        why = out.stderr.strip()[-300:]
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        why = str(e)
+    log.warning(
+        "could not time the imports in a fresh interpreter (%s): the load recorded leaves them out",
+        why,
+    )
+    return None
 
 
 @dataclass
