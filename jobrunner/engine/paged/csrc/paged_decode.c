@@ -316,10 +316,11 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
             sum[j] = _mm512_fmadd_ps(sum[j], _mm512_set1_ps(alpha[j]), e_sum);
             m[j] = m_new;
         }
-        for (int64_t tt = 0; tt < n; tt++) vf[tt] = code_scale(J->dtype, J->v_scale, off[tt], hd);
 #if HAS_BF16_DOT
-        if (BF) weight_pairs(s, n, pw, G);
+        if (BF) weight_pairs(s, n, pw, G); /* a bfloat16 row has no scale */
 #endif
+        for (int64_t tt = 0; !BF && tt < n; tt++)
+            vf[tt] = code_scale(J->dtype, J->v_scale, off[tt], hd);
         for (int cb = 0; cb < C; cb += CB) { /* acc += weights x V, CB vectors per head a pass */
             __m512 a[8][8]; /* fixed sizes: kept in registers (see item_avx2) */
 #pragma GCC unroll 8
