@@ -100,25 +100,57 @@ static void tile_rows(const uint32_t *x, const uint16_t *w, const char *pf, int6
     }
 }
 
-/* Rows of float32 x (rows, K), stride ldx, as bfloat16 pairs k-major (K2, rows), the odd
- * tail zero. */
+/* 16 x 16 32-bit words transposed in registers: r[i] lane j becomes r[j] lane i. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) { /* words within 2 x 2 blocks */
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) /* word pairs within 4 x 4 blocks */
+        for (int j = 0; j < 2; j++) {
+            r[i + 2 * j] = _mm512_unpacklo_epi64(t[i + j], t[i + j + 2]);
+            r[i + 2 * j + 1] = _mm512_unpackhi_epi64(t[i + j], t[i + j + 2]);
+        }
+    for (int i = 0; i < 16; i += 8) /* 128-bit lanes within 8 x 8 blocks */
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
+        }
+    for (int j = 0; j < 8; j++) { /* 256-bit halves */
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+    }
+}
+
+/* One block of up to 16 rows of float32 x (rows, K), stride ldx, as bfloat16 pairs k-major
+ * (K2, rows), the odd tail zero: 16 pairs of each row converted at a time and transposed in
+ * registers, so each k pair's `rows` words are one masked store (the scalar scatter of each
+ * word took a quarter of a 1,024-row linear's time on Zen 5). */
 static void to_pairs(const float *x, int64_t ldx, uint32_t *out, int64_t rows, int64_t K,
                      int64_t K2) {
-    uint32_t chunk[16];
-    for (int64_t m = 0; m < rows; m++) {
-        const float *row = x + m * ldx;
-        for (int64_t k = 0; k < 2 * K2; k += 32) {
-            const int64_t n = K - k;
-            const __mmask16 lo = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-            const __mmask16 hi = n >= 32   ? 0xFFFF
-                                 : n <= 16 ? 0
-                                           : (__mmask16)((1u << (n - 16)) - 1);
-            const __m512 a = _mm512_maskz_loadu_ps(lo, row + k);
-            const __m512 b = _mm512_maskz_loadu_ps(hi, row + k + 16);
-            _mm512_storeu_si512(chunk, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a: lanes 0-15 */
-            const int64_t pairs = K2 - k / 2 < 16 ? K2 - k / 2 : 16;
-            for (int64_t j = 0; j < pairs; j++) out[(k / 2 + j) * rows + m] = chunk[j];
+    const __mmask16 live = (__mmask16)((1u << rows) - 1);
+    for (int64_t k = 0; k < 2 * K2; k += 32) {
+        const int64_t n = K - k;
+        const __mmask16 lo = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+        const __mmask16 hi = n >= 32   ? 0xFFFF
+                             : n <= 16 ? 0
+                                       : (__mmask16)((1u << (n - 16)) - 1);
+        __m512i r[16];
+        for (int64_t m = 0; m < 16; m++) {
+            if (m >= rows) {
+                r[m] = _mm512_setzero_si512();
+                continue;
+            }
+            const float *row = x + m * ldx + k;
+            const __m512 a = _mm512_maskz_loadu_ps(lo, row);
+            const __m512 b = _mm512_maskz_loadu_ps(hi, row + 16);
+            r[m] = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* word j: the pair (k + 2j, k + 2j + 1) */
         }
+        transpose16(r);
+        const int64_t pairs = K2 - k / 2 < 16 ? K2 - k / 2 : 16;
+        for (int64_t j = 0; j < pairs; j++)
+            _mm512_mask_storeu_epi32(out + (k / 2 + j) * rows, live, r[j]);
     }
 }
 
@@ -127,11 +159,13 @@ static inline int64_t block_start(int64_t M, int64_t blocks, int64_t b) {
     return b * (M / blocks) + (b < M % blocks ? b : M % blocks);
 }
 
+/* Every panel of W against the slice's `M` rows of pairs x, the panels shared out among the
+ * threads of the enclosing parallel region. */
 static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const float *bias,
-                      float *y, int64_t M, int64_t N, int threads) {
+                      float *y, int64_t M, int64_t N) {
     const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR;
     const int64_t panel = K2 * NR * 2; /* bfloat16 values a panel */
-#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static)
+#pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         const uint16_t *wp = w + p * panel;
         const uint16_t *next = p + 1 < panels ? wp + panel : 0;
@@ -148,7 +182,8 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 /* A slice of rows at a time whose pairs (MC_BYTES, at least 8 row blocks) stay in L2 while
  * every panel passes over them; each slice streams all of W again, so slices as large as L2
  * allows (Zen 4, 1 MB L2, 2 threads, SmolLM2's linears at 4,096 rows: 128 KB slices 70-71% of
- * peak, 512 KB 80-81%; equal at 64-1,024 rows). Returns nonzero when the scratch cannot be
+ * peak, 512 KB 80-81%; equal at 64-1,024 rows). The threads round a slice's blocks to pairs,
+ * then share its panels, in one parallel region. Returns nonzero when the scratch cannot be
  * allocated. */
 #define MC_BYTES (512 * 1024)
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
@@ -161,13 +196,15 @@ int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float 
     if (mc > M) mc = M;
     uint32_t *pairs = malloc((size_t)(mc > 0 ? mc : 1) * (size_t)(K2 > 0 ? K2 : 1) * 4);
     if (!pairs) return 1;
+#pragma omp parallel num_threads(threads < 1 ? 1 : threads)
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc, blocks = (rows + MR - 1) / MR;
+#pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) { /* each block k-major, as gemm_rows splits them */
             const int64_t r0 = block_start(rows, blocks, b), r1 = block_start(rows, blocks, b + 1);
             to_pairs(x + (m0 + r0) * ldx, ldx, pairs + r0 * K2, r1 - r0, K, K2);
         }
-        gemm_rows(pairs, K2, w, bias, y + m0 * N, rows, N, threads);
+        gemm_rows(pairs, K2, w, bias, y + m0 * N, rows, N); /* its omp for ends in a barrier */
     }
     free(pairs);
     return 0;
