@@ -11,7 +11,8 @@ At SmolLM2-135M's shapes (hidden 576, 9 query heads on 3 KV heads of 64, MLP 153
   decode   decode attention over a float32 and a float16 cache: our kernel against the torch
            path (gather + SDPA); cache bytes/s against a torch sum over the same bytes
   prefill  prefill attention of chunks from position 0: our kernel against torch's flash
-           attention for CPU; GFLOP/s and the share of the peak
+           attention for CPU; GFLOP/s and the share of the peak; over a bfloat16 cache too (the
+           mixed mode's), with AMX off and on, against the bfloat16 peak
   rows     RMSNorm and SiLU-gated product against torch's ops, bytes/s
 
 On a machine shared with other work, time with --threads 1 (the default): each measurement
@@ -419,8 +420,11 @@ def prefill_flops(n: int) -> float:
     return 2 * 2 * NH * HD * n * (n + 1) / 2
 
 
-def bench_prefill(clock: Clock, peak: float, baseline) -> None:
+def bench_prefill(clock: Clock, peak: float, bf16_peak: float | None, baseline) -> None:
     print("\n[prefill] one layer's prefill attention of a chunk from position 0")
+    if bf16_peak:
+        print("  (float32 cache against the float32 peak; bfloat16 cache, as the mixed mode runs")
+        print("   it, against the bfloat16 peak: AMX off, and on where the CPU has the tiles)")
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     for n in (128, 512, 2048):
         g = torch.Generator().manual_seed(2)
@@ -433,17 +437,28 @@ def bench_prefill(clock: Clock, peak: float, baseline) -> None:
         qt = q.transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
         kt = k.reshape(NKV, -1, HD)[:, :n].repeat_interleave(NH // NKV, 0).unsqueeze(0)
         vt = v.reshape(NKV, -1, HD)[:, :n].repeat_interleave(NH // NKV, 0).unsqueeze(0)
-        paths = {"torch flash": partial(flash, qt, kt, vt, 0.0, True, scale=HD**-0.5)}
+        paths = {"torch flash": (partial(flash, qt, kt, vt, 0.0, True, scale=HD**-0.5), peak)}
         case = (q, k, v, ids, 0, HD**-0.5)
         if cpu_kernels.prefill_supported(NH, NKV, HD):
-            paths["kernel"] = partial(cpu_kernels.paged_prefill, *case)
+            paths["kernel"] = (partial(cpu_kernels.paged_prefill, *case), peak)
+            if bf16_peak:
+                bf16 = (q, k.bfloat16(), v.bfloat16(), ids, 0, HD**-0.5)
+                amx = cpu_kernels.amx_rows()
+                paths["bf16 cache"] = (
+                    partial(_with_amx_rows, 0, cpu_kernels.paged_prefill, *bf16),
+                    bf16_peak,
+                )
+                if amx:
+                    run = partial(_with_amx_rows, amx, cpu_kernels.paged_prefill, *bf16)
+                    paths["bf16 cache, AMX"] = (run, bf16_peak)
         if baseline is not None and baseline.paged_prefill_supports(NH, NKV, HD):
-            paths["baseline build"] = partial(_with, baseline, cpu_kernels.paged_prefill, *case)
+            run = partial(_with, baseline, cpu_kernels.paged_prefill, *case)
+            paths["baseline build"] = (run, peak)
         cells = []
-        for name, fn in paths.items():
+        for name, (fn, top) in paths.items():
             s = clock.best(fn)
             rate = prefill_flops(n) / s
-            cells.append(f"{name} {s * 1e3:7.2f} ms {rate / 1e9:5.1f} GF/s {rate / peak:4.0%}")
+            cells.append(f"{name} {s * 1e3:7.2f} ms {rate / 1e9:6.1f} GF/s {rate / top:4.0%}")
         print(f"  {n:5d} tokens: " + " | ".join(cells), flush=True)
 
 
@@ -524,14 +539,16 @@ def main() -> None:
     print(f"kernels: {cpu_kernels.isa()}; threads {args.threads}; peak {note}")
     if "gemm" in only:
         bench_gemm(clock, [int(r) for r in args.gemm_rows.split(",")])
-    if "gemm-bf16" in only:
+    bf16_peak = None
+    if {"gemm-bf16", "prefill"} & only and cpu_kernels.gemm_bf16_supported():
         bf16_peak, bf16_note = peak_flops(args.threads, bf16=True)
         print(f"bfloat16 peak {bf16_note}")
-        bench_gemm_bf16(clock, [int(r) for r in args.gemm_rows.split(",")], bf16_peak)
+    if "gemm-bf16" in only:  # it says why it skips on a CPU without AVX-512 BF16
+        bench_gemm_bf16(clock, [int(r) for r in args.gemm_rows.split(",")], bf16_peak or 0.0)
     if "decode" in only:
         bench_decode(clock, baseline)
     if "prefill" in only:
-        bench_prefill(clock, peak, baseline)
+        bench_prefill(clock, peak, bf16_peak, baseline)
     if "rows" in only:
         bench_rows(clock, baseline)
 

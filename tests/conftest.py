@@ -33,6 +33,21 @@ def tokenizer(model_f32):
     return model_f32.tokenizer
 
 
+@pytest.fixture(params=["off", "on"])
+def amx(request):
+    """Each side of the AMX switch this CPU has: off (the kernels' vector paths), and on where
+    Linux grants the tiles (skipped elsewhere). The switch covers the bfloat16 linears (steps of
+    16 rows or more) and prefill attention alike."""
+    from jobrunner.engine.paged import cpu_kernels
+
+    before = cpu_kernels.amx_rows()
+    if request.param == "on" and before == 0:
+        pytest.skip("no AMX tiles on this CPU")
+    cpu_kernels.amx_rows(16 if request.param == "on" else 0)
+    yield request.param
+    cpu_kernels.amx_rows(before)
+
+
 def write_job(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path

@@ -214,21 +214,13 @@ def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
 
 
-BF16_PATHS = ["vdpbf16ps", "amx"]
-
-
-@pytest.fixture(params=BF16_PATHS)
-def bf16_path(request):
+@pytest.fixture
+def bf16_path(amx):
     """Each bfloat16 linear path this CPU has: vdpbf16ps (AMX off), and AMX tiles for steps
-    of 16 rows or more where Linux grants them (skipped elsewhere)."""
+    of 16 rows or more where Linux grants them."""
     if not cpu_kernels.gemm_bf16_supported():
         pytest.skip("no AVX-512 BF16 on this CPU")
-    before = cpu_kernels.amx_rows()
-    if request.param == "amx" and before == 0:
-        pytest.skip("no AMX tiles on this CPU")
-    cpu_kernels.amx_rows(16 if request.param == "amx" else 0)
-    yield request.param
-    cpu_kernels.amx_rows(before)
+    return "amx" if amx == "on" else "vdpbf16ps"
 
 
 @pytest.mark.parametrize(

@@ -68,12 +68,13 @@ def test_paged_prefill_keeps_16_bit_queries_and_reads_a_16_bit_cache(dtype, tol)
 
 @pytest.mark.parametrize("hd,group", [(64, 3), (128, 8), (64, 1), (128, 4)])
 @pytest.mark.parametrize("bs", [16, 5])
-def test_a_bfloat16_cache_with_float32_queries_is_bfloat16_attention(hd, group, bs):
+def test_a_bfloat16_cache_with_float32_queries_is_bfloat16_attention(hd, group, bs, amx):
     """The mixed mode's prefill (float32 queries over a bfloat16 cache): on AVX-512 BF16 the
-    queries and softmax weights are rounded to bfloat16 for vdpbf16ps; scores, sums and outputs
-    stay float32. Against float64 attention on the bfloat16-rounded queries, every output is
-    within the weights' rounding (2^-9 of a value of about 1). Elsewhere the float32 path runs
-    on the queries as they are, within float32 rounding of attention on them."""
+    queries and softmax weights are rounded to bfloat16 for vdpbf16ps or, with AMX on, for the
+    tiles; scores, sums and outputs stay float32. Against float64 attention on the
+    bfloat16-rounded queries, every output is within the weights' rounding (2^-9 of a value of
+    about 1). Elsewhere the float32 path runs on the queries as they are, within float32
+    rounding of attention on them."""
     g = torch.Generator().manual_seed(3)
     nkv = 2
     bf16_dot = cpu_kernels.gemm_bf16_supported()  # AVX-512 BF16: the kernel's bf16 tiles
@@ -88,6 +89,42 @@ def test_a_bfloat16_cache_with_float32_queries_is_bfloat16_attention(hd, group, 
         used = q.to(torch.bfloat16).float() if bf16_dot else q
         want = reference_prefill(used, k_cache, v_cache, block_ids, start, hd**-0.5)
         torch.testing.assert_close(got, want, atol=tol, rtol=0, msg=f"start={start} n={n}")
+
+
+def test_peaked_scores_move_the_running_max_across_spans(amx):
+    """Scores tens of units apart whose largest keys come late (each span's keys larger than
+    the last): the running max moves span after span, the outputs already summed are
+    rescaled each time, and every output still equals float64 attention within the weights'
+    rounding (AMX keeps a lane's max until the scores pass it by 2^8)."""
+    g = torch.Generator().manual_seed(4)
+    nkv, group, hd, bs, start, n = 2, 3, 64, 16, 300, 40
+    nb = -(-(start + n) // bs)
+    k = torch.randn(nkv, nb, bs, hd, generator=g)
+    k = k * torch.linspace(0.2, 6.0, nb * bs).view(1, nb, bs, 1)  # later keys, larger scores
+    v = torch.randn(nkv, nb, bs, hd, generator=g)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    block_ids = torch.randperm(nb, generator=g)
+    q = torch.randn(n, nkv * group, hd, generator=g) * 3
+    got = cpu_kernels.paged_prefill(q, k, v, block_ids, start, hd**-0.5)
+    used = q.to(torch.bfloat16).float() if cpu_kernels.gemm_bf16_supported() else q
+    want = reference_prefill(used, k, v, block_ids, start, hd**-0.5)
+    torch.testing.assert_close(got, want, atol=8e-3, rtol=0)
+
+
+def test_a_long_context_over_many_kv_heads_lays_them_out_in_passes(amx):
+    """A short chunk behind 8,000 cached positions over 16 KV heads of 128: more K/V than the
+    AMX path lays out at once (32 MB), so its heads go in several passes; each head's outputs
+    are still its own attention."""
+    g = torch.Generator().manual_seed(5)
+    nkv, group, hd, bs, start, n = 16, 1, 128, 16, 8000, 20
+    nb = -(-(start + n) // bs)
+    k, v = caches(nkv, nb, bs, hd, torch.bfloat16, g)
+    block_ids = torch.randperm(nb, generator=g)
+    q = torch.randn(n, nkv * group, hd, generator=g)
+    got = cpu_kernels.paged_prefill(q, k, v, block_ids, start, hd**-0.5)
+    used = q.to(torch.bfloat16).float() if cpu_kernels.gemm_bf16_supported() else q
+    want = reference_prefill(used, k, v, block_ids, start, hd**-0.5)
+    torch.testing.assert_close(got, want, atol=8e-3, rtol=0)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])

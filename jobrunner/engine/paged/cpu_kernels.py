@@ -11,8 +11,9 @@ aarch64, must not run on another CPU). Without a compiler, or with JOBRUNNER_CPU
 The vector path is the CPU's (csrc/isa.h); `isa()` says which, and the load logs it:
 - avx512, avx2 (+FMA, F16C): every kernel has its vector code. With AVX-512 BF16, bfloat16
   weights have their linear kernel (small_gemm_bf16.c); with AMX as well, its steps of
-  amx_rows() rows or more run on AMX tiles (small_gemm_amx.c; JOBRUNNER_AMX_ROWS sets the
-  threshold, 0 turns AMX off), and the load log says so.
+  amx_rows() rows or more run on AMX tiles (small_gemm_amx.c), and so does prefill attention
+  over a bfloat16 cache (paged_prefill_amx.c); JOBRUNNER_AMX_ROWS sets the threshold, 0 turns
+  AMX off for both, and the load log says so.
 - neon (aarch64: Graviton, Ampere, Grace): the few-row linears (small_gemm.c, the same packed
   panels and contract as AVX2), the norms and SiLU, and decode attention (its plain C path with
   NEON row loads, dot products, softmax and V sum: csrc/decode_neon.h) are vectorised; prefill
@@ -98,7 +99,9 @@ def load() -> ctypes.CDLL | None:
     isa_name = lib.kernel_isa().decode()
     if lib.small_gemm_bf16_fast() and lib.small_gemm_bf16_amx_rows(-1):
         rows = lib.small_gemm_bf16_amx_rows(-1)
-        isa_name += f" with AMX tiles for bfloat16 steps of {rows} rows or more"
+        isa_name += (
+            f" with AMX tiles for bfloat16 steps of {rows} rows or more and prefill attention"
+        )
     if isa_name == "scalar":
         log.info("CPU kernels built without AVX2 or AVX-512 (plain C): %s", TORCH_WITHOUT_VECTORS)
     elif isa_name == "neon":
@@ -120,7 +123,8 @@ def _env_rows(value: str) -> int | None:
 
 def amx_rows(rows: int | None = None) -> int:
     """The row count from which bfloat16 linears run on AMX tiles (0: not on this CPU, or off),
-    after setting it to `rows` when given (0 turns AMX off; JOBRUNNER_AMX_ROWS sets it at load)."""
+    after setting it to `rows` when given (0 turns AMX off, prefill attention's tiles too;
+    JOBRUNNER_AMX_ROWS sets it at load)."""
     lib = load()
     if lib is None or not lib.small_gemm_bf16_fast():
         return 0
@@ -221,6 +225,8 @@ def paged_prefill(
         qf.data_ptr(), k, v, k_scales, v_scales, code, table.data_ptr(),
         start, n, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
+    if rc == 1:
+        raise MemoryError("paged_prefill: out of memory for the keys laid out for AMX tiles")
     if rc != 0:
         raise ValueError(f"paged_prefill: head layout nh={nh} nkv={nkv} hd={hd} not supported")
     return out.to(q.dtype)

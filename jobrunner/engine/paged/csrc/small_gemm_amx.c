@@ -10,48 +10,22 @@
  * B tile feeding two tdpbf16ps (16 x 16 x 32 multiply-adds each); C starts from the bias.
  * Rows past M are zero in the slice and never stored; a short last panel or block goes through
  * a scratch tile.
- *
- * Linux hands out the tile state on request (arch_prctl ARCH_REQ_XCOMP_PERM); where it
- * refuses, or the build lacks AMX, small_gemm_amx_ready() is 0 and the vdpbf16ps path runs.
+ * Where Linux does not grant the tiles (amx.c), or the build lacks AMX, the vdpbf16ps path runs.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "isa.h"
+#include "amx.h"
 
-#if defined(JR_AVX512) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && \
-    defined(__AMX_BF16__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#ifdef JR_AMX
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define NR 32        /* output columns per panel, as small_gemm_bf16.c */
 #define MB 32        /* rows per block: two A tiles */
 #define SLICE_BYTES (1024 * 1024) /* bfloat16 rows a slice: in L2 while every panel passes */
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-int small_gemm_amx_ready(void) {
-    static int granted = -1; /* asked once a process; the answer holds for every thread */
-    if (granted < 0) granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    return granted;
-}
-
 /* Tiles 0-3: C (16 rows of 16 float32), 4-5: A (16 rows of 32 bfloat16), 6-7: B (16 k pairs
  * of 16 columns). */
-static void configure_tiles(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
-}
 
 /* One block: `two` selects 32 rows (else 16) of bfloat16 rows a (stride lda bytes) against
  * panel w over K2 pairs, C from the 32 biases, stored to y (stride ldy bytes). */
@@ -109,7 +83,7 @@ static void slice_panels(const uint16_t *a, const uint16_t *w, const float *bias
     const int64_t panels = (N + NR - 1) / NR, K2 = K / 2;
 #pragma omp parallel num_threads(threads < 1 ? 1 : threads)
     {
-        configure_tiles();
+        amx_configure();
         float scratch[MB * NR] __attribute__((aligned(64)));
         float b[NR] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
@@ -156,12 +130,10 @@ int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *
 
 #else
 
-int small_gemm_amx_ready(void) { return 0; }
-
 int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int threads) {
     (void)x, (void)ldx, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K, (void)threads;
-    return 2; /* not built: small_gemm_bf16() checks small_gemm_amx_ready() first */
+    return 2; /* not built: small_gemm_bf16() checks amx_ready() first */
 }
 
 #endif

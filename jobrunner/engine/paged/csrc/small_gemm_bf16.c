@@ -22,14 +22,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "isa.h"
+#include "amx.h"
+#include "transpose.h"
 
 #define NR 32 /* output columns per panel */
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
 
 int small_gemm_bf16_panel(void) { return NR; }
 
-int small_gemm_amx_ready(void);
 int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int threads);
 
@@ -40,7 +40,7 @@ static int64_t amx_rows = 16;
 /* The AMX threshold now, after setting it to `rows` when rows >= 0; 0 when AMX is not there. */
 int64_t small_gemm_bf16_amx_rows(int64_t rows) {
     if (rows >= 0) amx_rows = rows;
-    return small_gemm_amx_ready() ? amx_rows : 0;
+    return amx_ready() ? amx_rows : 0;
 }
 
 #if defined(JR_AVX512) && defined(__AVX512BF16__)
@@ -97,29 +97,6 @@ static void tile_rows(const uint32_t *x, const uint16_t *w, const char *pf, int6
         TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7)
         TILE(8) TILE(9) TILE(10) TILE(11) TILE(12) TILE(13) TILE(14)
 #undef TILE
-    }
-}
-
-/* 16 x 16 32-bit words transposed in registers: r[i] lane j becomes r[j] lane i. */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) { /* words within 2 x 2 blocks */
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) /* word pairs within 4 x 4 blocks */
-        for (int j = 0; j < 2; j++) {
-            r[i + 2 * j] = _mm512_unpacklo_epi64(t[i + j], t[i + j + 2]);
-            r[i + 2 * j + 1] = _mm512_unpackhi_epi64(t[i + j], t[i + j + 2]);
-        }
-    for (int i = 0; i < 16; i += 8) /* 128-bit lanes within 8 x 8 blocks */
-        for (int j = 0; j < 4; j++) {
-            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
-            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
-        }
-    for (int j = 0; j < 8; j++) { /* 256-bit halves */
-        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
     }
 }
 
@@ -188,7 +165,7 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 #define MC_BYTES (512 * 1024)
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
-    if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && small_gemm_amx_ready())
+    if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && amx_ready())
         return small_gemm_amx(x, ldx, w, bias, y, M, N, K, threads);
     const int64_t K2 = (K + 1) / 2;
     int64_t mc = MC_BYTES / 4 / (K2 > 0 ? K2 : 1);

@@ -45,6 +45,20 @@ static inline __m512 exp_neg16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* 2^x lane-wise for finite x <= 8, to 3e-6 relative (for weights rounded to bfloat16 next,
+ * whose own rounding is 2^-9): r = x - floor(x) in one vreduceps, 2^r by a degree-4 fit on
+ * [0, 1), and vscalefps multiplies by 2^floor(x) itself (x below -150 gives 0). 7 instructions
+ * with the subtraction before it, against exp_neg16's 12. */
+static inline __m512 exp2_16(__m512 x) {
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(1.352060307e-2f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.203742906e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.414274961e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.930066347e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.000002503e+0f));
+    return _mm512_scalef_ps(p, x);
+}
+
 #elif defined(JR_AVX2)
 
 /* e^x for x <= 0, lane-wise (exp_neg's reduction and polynomial); lanes below -87 give ~1e-38.
