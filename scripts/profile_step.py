@@ -32,6 +32,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", default="short,long,decode", help="short, long, decode, b")
     p.add_argument("--rows", type=int, default=64, help="rows of the short prefill workload")
+    p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the job's")
     return p.parse_args()
 
 
@@ -147,6 +148,8 @@ def main() -> None:
     cfg = JobConfig()
     cfg.model.max_model_len = 4096
     cfg.engine.prefix_caching = False  # every prompt token computed, as counted
+    if args.max_batch_tokens:
+        cfg.engine.max_batch_tokens = args.max_batch_tokens
     wrap_modules()
     for name, (prompts, new) in workloads(loaded.tokenizer).items():
         if name not in args.only.split(","):

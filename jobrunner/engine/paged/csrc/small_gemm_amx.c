@@ -1,15 +1,22 @@
 /* y = x W^T + b with bfloat16 weights on AMX tiles (Sapphire Rapids, Emerald and Granite
  * Rapids): float32 x and y, float32 accumulation; small_gemm_bf16() hands it steps of
- * AMX_MIN_ROWS rows or more whose K is a multiple of 32.
+ * amx_rows rows or more whose K is a multiple of 32.
  *
  * The weights are small_gemm_bf16.c's panels unchanged: (ceil(N/32), K/2, 32, 2) bfloat16, so
  * one k pair of a panel is 128 bytes and 16 k pairs of 16 of its columns are one B tile (16
- * rows of 64 bytes, stride 128). x is rounded to bfloat16 (round to nearest even, as the
- * vdpbf16ps path) a slice of rows at a time into row-major rows, 32 k per A tile row. A block
- * of 32 rows x one panel holds 2 x 2 float32 C tiles (16 x 16) over the whole of K, each A and
- * B tile feeding two tdpbf16ps (16 x 16 x 32 multiply-adds each); C starts from the bias.
- * Rows past M are zero in the slice and never stored; a short last panel or block goes through
- * a scratch tile.
+ * rows of 64 bytes, stride 128). Both threads first round x to bfloat16 (to nearest even, as
+ * the vdpbf16ps path) into A tiles laid end to end: 16 rows x 32 k, 1 KB each, rows past M
+ * zero. Then the columns go out in blocks of panels shared among the threads (a block's
+ * weights stay in L2 while every row passes over them), and each 32 rows x one panel holds
+ * 2 x 2 float32 C tiles (16 x 16) over the whole of K, each A and B tile feeding two
+ * tdpbf16ps (16 x 16 x 32 multiply-adds each); C starts from the bias. A short last panel
+ * or row block goes through a scratch tile.
+ *
+ * Rows whose tiles fit L2 (1 MB) stay there while each panel passes once; more rows pass over
+ * blocks of panels instead: 2 cores of an AMX Xeon, SmolLM2's 120 linears, 4,096 rows, every
+ * panel past 900-row slices held in L2 (the earlier kernel) ran 1.2 TFLOP/s, as W streaming
+ * through L2 evicted the rows; blocks of 8 panels held in L2, 1.5. Rounding x on both threads
+ * before the products: 64 rows 19.7 -> 16.1 ms, 1,024 rows 183 -> 130 (docs/performance.md).
  * Where Linux does not grant the tiles (amx.c), or the build lacks AMX, the vdpbf16ps path runs.
  */
 #include <stdint.h>
@@ -20,34 +27,30 @@
 
 #ifdef JR_AMX
 
-#define NR 32        /* output columns per panel, as small_gemm_bf16.c */
-#define MB 32        /* rows per block: two A tiles */
-#define SLICE_BYTES (1024 * 1024) /* bfloat16 rows a slice: in L2 while every panel passes */
+#define NR 32 /* output columns per panel, as small_gemm_bf16.c */
+#define NB 8 /* panels a column block: 8 x K x 64 bytes of weights in L2 */
+#define L2_ROWS_BYTES (1 << 20) /* rows' tiles up to this size are left in L2 */
 
 /* Tiles 0-3: C (16 rows of 16 float32), 4-5: A (16 rows of 32 bfloat16), 6-7: B (16 k pairs
  * of 16 columns). */
 
-/* One block: `two` selects 32 rows (else 16) of bfloat16 rows a (stride lda bytes) against
- * panel w over K2 pairs, C from the 32 biases, stored to y (stride ldy bytes). */
-static void block(const uint16_t *a, int64_t lda, const uint16_t *w, int64_t K2,
-                  const float *bias, float *y, int64_t ldy, int two) {
-    for (int i = 0; i < (two ? 32 : 16); i++) { /* y's lines requested for writing */
-        __builtin_prefetch((char *)y + i * ldy, 1, 3);
-        __builtin_prefetch((char *)y + i * ldy + 64, 1, 3);
-    }
+/* One block of 32 rows (`two`, else 16) of A tiles a (K / 32 of them a row block, 1 KB each)
+ * against panel w over K2 pairs, C from the 32 biases, stored to y (stride ldy bytes). */
+static void block(const uint16_t *a, int64_t K, const uint16_t *w, int64_t K2, const float *bias,
+                  float *y, int64_t ldy, int two) {
     _tile_loadd(0, bias, 0);
     _tile_loadd(1, bias + 16, 0);
     if (two) {
+        const uint16_t *a1 = a + 16 * K; /* the second row block's tiles */
         _tile_loadd(2, bias, 0);
         _tile_loadd(3, bias + 16, 0);
-        const char *a1 = (const char *)a + 16 * lda;
         for (int64_t k = 0; k < K2; k += 16) {
-            _tile_loadd(4, a + 2 * k, lda);
+            _tile_loadd(4, a + 32 * k, 64);
             _tile_loadd(6, w + k * NR * 2, NR * 4);
             _tile_loadd(7, w + k * NR * 2 + NR, NR * 4);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, a1 + 4 * k, lda);
+            _tile_loadd(5, a1 + 32 * k, 64);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
@@ -55,7 +58,7 @@ static void block(const uint16_t *a, int64_t lda, const uint16_t *w, int64_t K2,
         _tile_stored(3, (char *)y + 16 * ldy + 64, ldy);
     } else {
         for (int64_t k = 0; k < K2; k += 16) {
-            _tile_loadd(4, a + 2 * k, lda);
+            _tile_loadd(4, a + 32 * k, 64);
             _tile_loadd(6, w + k * NR * 2, NR * 4);
             _tile_loadd(7, w + k * NR * 2 + NR, NR * 4);
             _tile_dpbf16ps(0, 4, 6);
@@ -66,63 +69,77 @@ static void block(const uint16_t *a, int64_t lda, const uint16_t *w, int64_t K2,
     _tile_stored(1, (char *)y + 64, ldy);
 }
 
-/* rows x K float32 (stride ldx) -> bfloat16 (rows, K), then zero rows up to `padded`. */
-static void to_bf16_rows(const float *x, int64_t ldx, uint16_t *out, int64_t rows,
-                         int64_t padded, int64_t K) {
-    for (int64_t m = 0; m < rows; m++)
+/* 16 rows of x (`rows` of them real) rounded to bfloat16 A tiles end to end: tile c holds k
+ * 32c..32c+31 of the 16 rows, 64 bytes a row; the rows past `rows` are zero. */
+static void to_tiles(const float *x, int64_t ldx, uint16_t *a, int64_t rows, int64_t K) {
+    for (int64_t r = 0; r < 16; r++)
         for (int64_t k = 0; k < K; k += 32) {
-            const __m512 lo = _mm512_loadu_ps(x + m * ldx + k), hi = _mm512_loadu_ps(x + m * ldx + k + 16);
-            _mm512_storeu_si512(out + m * K + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            __m512i v = _mm512_setzero_si512();
+            if (r < rows) {
+                const float *row = x + r * ldx + k;
+                v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row));
+            }
+            _mm512_store_si512(a + k * 16 + r * 32, v);
         }
-    memset(out + rows * K, 0, (size_t)(padded - rows) * (size_t)K * 2);
 }
 
-/* One slice of `rows` rows (bfloat16 in a) against every panel, the panels split over threads. */
-static void slice_panels(const uint16_t *a, const uint16_t *w, const float *bias, float *y,
-                         int64_t rows, int64_t N, int64_t K, int threads) {
-    const int64_t panels = (N + NR - 1) / NR, K2 = K / 2;
-#pragma omp parallel num_threads(threads < 1 ? 1 : threads)
-    {
-        amx_configure();
-        float scratch[MB * NR] __attribute__((aligned(64)));
-        float b[NR] __attribute__((aligned(64)));
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++) {
+/* Panels p0..p1-1 against every row: the block's weights stay in L2 as the rows pass, and the
+ * next block's are requested into L2 a share per row block. */
+static void column_block(const uint16_t *a, const uint16_t *w, const float *bias, float *y,
+                         int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1, int64_t panels) {
+    const int64_t K2 = K / 2, panel = K2 * NR * 2; /* bfloat16 values a panel */
+    float scratch[32 * NR] __attribute__((aligned(64)));
+    float b[NB][NR] __attribute__((aligned(64)));
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t j = 0; j < NR; j++)
+            b[p - p0][j] = bias && p * NR + j < N ? bias[p * NR + j] : 0.0f;
+    const char *next = (const char *)(w + p1 * panel);
+    const int64_t ahead = panels - p1 < p1 - p0 ? panels - p1 : p1 - p0; /* the next block */
+    const int64_t lines = ahead * panel * 2 / 64;
+    const int64_t blocks = (M + 31) / 32, per_block = (lines + blocks - 1) / blocks;
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        for (int64_t l = m0 / 32 * per_block; l < (m0 / 32 + 1) * per_block && l < lines; l++)
+            _mm_prefetch(next + l * 64, _MM_HINT_T1);
+        const int64_t r = M - m0 < 32 ? M - m0 : 32;
+        const int two = r > 16;
+        for (int64_t p = p0; p < p1; p++) {
             const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
-            for (int64_t j = 0; j < NR; j++) b[j] = bias && j < ncols ? bias[p * NR + j] : 0.0f;
-            const uint16_t *wp = w + p * K2 * NR * 2;
-            /* the next panel into L2, its lines spread over this panel's blocks */
-            const char *next = p + 1 < panels ? (const char *)(wp + K2 * NR * 2) : 0;
-            const int64_t lines = K2 * NR * 4 / 64, blocks = (rows + MB - 1) / MB;
-            const int64_t per_block = (lines + blocks - 1) / blocks;
-            for (int64_t m0 = 0; m0 < rows; m0 += MB) {
-                const int64_t r = rows - m0 < MB ? rows - m0 : MB;
-                if (next)
-                    for (int64_t l = m0 / MB * per_block; l < (m0 / MB + 1) * per_block && l < lines; l++)
-                        _mm_prefetch(next + l * 64, _MM_HINT_T1);
-                const int two = r > 16, direct = ncols == NR && r == (two ? 32 : 16);
-                float *out = direct ? y + m0 * N + p * NR : scratch;
-                block(a + m0 * K, K * 2, wp, K2, b, out, direct ? N * 4 : NR * 4, two);
-                if (!direct)
-                    for (int64_t i = 0; i < r; i++)
-                        memcpy(y + (m0 + i) * N + p * NR, scratch + i * NR, (size_t)ncols * 4);
-            }
+            const int direct = ncols == NR && r == (two ? 32 : 16);
+            float *out = direct ? y + m0 * N + p * NR : scratch;
+            block(a + m0 * K, K, w + p * panel, K2, b[p - p0], out, direct ? N * 4 : NR * 4, two);
+            if (!direct)
+                for (int64_t i = 0; i < r; i++)
+                    memcpy(y + (m0 + i) * N + p * NR, scratch + i * NR, (size_t)ncols * 4);
         }
-        _tile_release();
     }
 }
 
 int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int threads) {
-    int64_t slice = SLICE_BYTES / (K * 2) / MB * MB;
-    if (slice < MB) slice = MB;
-    if (slice > (M + MB - 1) / MB * MB) slice = (M + MB - 1) / MB * MB;
-    uint16_t *a = aligned_alloc(64, (size_t)slice * (size_t)K * 2);
+    const int64_t row_blocks = (M + 15) / 16, panels = (N + NR - 1) / NR;
+    uint16_t *a = aligned_alloc(64, (size_t)(row_blocks * 16) * (size_t)K * 2);
     if (!a) return 1;
-    for (int64_t m0 = 0; m0 < M; m0 += slice) {
-        const int64_t rows = M - m0 < slice ? M - m0 : slice;
-        to_bf16_rows(x + m0 * ldx, ldx, a, rows, (rows + 15) / 16 * 16, K);
-        slice_panels(a, w, bias, y + m0 * N, rows, N, K, threads);
+    /* rows that fit L2 as tiles stay there while each panel passes once (a panel a block);
+     * more rows pass over blocks of up to NB panels held in L2 instead, as many blocks to
+     * each thread (18 panels on 2 threads: 5 + 5 and 5 + 3, not 8 + 8 and 2) */
+    const int64_t t = threads < 1 ? 1 : threads, per_thread = (panels + t * NB - 1) / (t * NB);
+    const int64_t nb =
+        M * K * 2 <= L2_ROWS_BYTES ? 1 : (panels + t * per_thread - 1) / (t * per_thread);
+    const int64_t col_blocks = (panels + nb - 1) / nb;
+#pragma omp parallel num_threads(t)
+    {
+#pragma omp for schedule(static)
+        for (int64_t mb = 0; mb < row_blocks; mb++) {
+            const int64_t rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
+            to_tiles(x + mb * 16 * ldx, ldx, a + mb * 16 * K, rows, K);
+        }
+        amx_configure();
+#pragma omp for schedule(static)
+        for (int64_t cb = 0; cb < col_blocks; cb++) {
+            const int64_t p0 = cb * nb, p1 = p0 + nb < panels ? p0 + nb : panels;
+            column_block(a, w, bias, y, M, N, K, p0, p1, panels);
+        }
+        _tile_release();
     }
     free(a);
     return 0;
