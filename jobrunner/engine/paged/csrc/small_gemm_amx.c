@@ -83,23 +83,19 @@ static void to_tiles(const float *x, int64_t ldx, uint16_t *a, int64_t rows, int
         }
 }
 
-/* Panels p0..p1-1 against every row: the block's weights stay in L2 as the rows pass, and the
- * next block's are requested into L2 a share per row block. */
+/* Panels p0..p1-1 against every row: the block's weights stay in L2 as the rows pass. The
+ * hardware's prefetcher follows the panels (contiguous): requesting the next block into L2 by
+ * hand made every step slower (16 rows, weights from memory, 2 threads: 18.7 -> 22.0 GB/s of
+ * weights without it). */
 static void column_block(const uint16_t *a, const uint16_t *w, const float *bias, float *y,
-                         int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1, int64_t panels) {
+                         int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1) {
     const int64_t K2 = K / 2, panel = K2 * NR * 2; /* bfloat16 values a panel */
     float scratch[32 * NR] __attribute__((aligned(64)));
     float b[NB][NR] __attribute__((aligned(64)));
     for (int64_t p = p0; p < p1; p++)
         for (int64_t j = 0; j < NR; j++)
             b[p - p0][j] = bias && p * NR + j < N ? bias[p * NR + j] : 0.0f;
-    const char *next = (const char *)(w + p1 * panel);
-    const int64_t ahead = panels - p1 < p1 - p0 ? panels - p1 : p1 - p0; /* the next block */
-    const int64_t lines = ahead * panel * 2 / 64;
-    const int64_t blocks = (M + 31) / 32, per_block = (lines + blocks - 1) / blocks;
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
-        for (int64_t l = m0 / 32 * per_block; l < (m0 / 32 + 1) * per_block && l < lines; l++)
-            _mm_prefetch(next + l * 64, _MM_HINT_T1);
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
         for (int64_t p = p0; p < p1; p++) {
@@ -137,7 +133,7 @@ int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *
 #pragma omp for schedule(static)
         for (int64_t cb = 0; cb < col_blocks; cb++) {
             const int64_t p0 = cb * nb, p1 = p0 + nb < panels ? p0 + nb : panels;
-            column_block(a, w, bias, y, M, N, K, p0, p1, panels);
+            column_block(a, w, bias, y, M, N, K, p0, p1);
         }
         _tile_release();
     }
