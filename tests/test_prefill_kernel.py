@@ -127,6 +127,13 @@ def test_a_long_context_over_many_kv_heads_lays_them_out_in_passes(amx):
     torch.testing.assert_close(got, want, atol=8e-3, rtol=0)
 
 
+def test_an_empty_chunk_gives_an_empty_output(amx):
+    g = torch.Generator().manual_seed(6)
+    k, v = caches(3, 4, 16, 64, torch.bfloat16, g)
+    got = cpu_kernels.paged_prefill(torch.randn(0, 9, 64), k, v, torch.arange(4), 0, 0.125)
+    assert got.shape == (0, 9, 64)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_paged_prefill_reads_a_quantized_cache_in_place(fmt):
     """Codes times their row's scale, as the torch gather dequantizes them."""

@@ -225,8 +225,6 @@ def paged_prefill(
         qf.data_ptr(), k, v, k_scales, v_scales, code, table.data_ptr(),
         start, n, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
-    if rc == 1:
-        raise MemoryError("paged_prefill: out of memory for the keys laid out for AMX tiles")
     if rc != 0:
         raise ValueError(f"paged_prefill: head layout nh={nh} nkv={nkv} hd={hd} not supported")
     return out.to(q.dtype)

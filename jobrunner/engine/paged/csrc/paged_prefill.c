@@ -566,18 +566,16 @@ int paged_prefill_supports(int64_t nh, int64_t nkv, int64_t hd) {
     return g >= 1 && g <= 8 && (hd == 64 || hd == 128);
 }
 
-/* Returns 0 on success, 1 when out of memory (the AMX path's scratch), 2 when the layout is not
- * supported (the caller keeps its torch path). */
+/* Returns 0 on success, 2 when the layout is not supported (the caller keeps its torch path). */
 int paged_prefill(const float *q, const void *k, const void *v, const uint16_t *k_scale,
                   const uint16_t *v_scale, int dtype, const int64_t *table, int64_t start,
                   int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs,
                   float scale, float *out, int threads) {
     if (!paged_prefill_supports(nh, nkv, hd) || start + n >= INT32_MAX) return 2;
-    if (dtype == BF16) { /* AMX tiles where they are on; else the vector path below */
-        const int rc = paged_prefill_amx(q, k, v, table, start, n, nh, nkv, hd, num_blocks, bs,
-                                         scale, out, threads);
-        if (rc != 2) return rc;
-    }
+    /* AMX tiles where they are on; else (or without memory for their layout) the vector path */
+    if (dtype == BF16 && paged_prefill_amx(q, k, v, table, start, n, nh, nkv, hd, num_blocks, bs,
+                                           scale, out, threads) == 0)
+        return 0;
     const Chunk J = {
         q, k, v, k_scale, v_scale, dtype, table, start, n, nh, nkv, hd, num_blocks, bs, scale, out};
     const int64_t tiles = (n + QT - 1) / QT, items = tiles * nkv;

@@ -18,7 +18,7 @@
  * Against the vdpbf16ps path on 2 cores of an AMX Xeon (SmolLM2's heads, from position 0):
  * 512 tokens 1.72 -> 0.34 ms, 2,048 tokens 25.9 -> 3.5 ms (docs/performance.md).
  * Returns 0, 1 when the layout scratch cannot be allocated, 2 when AMX is off, not built or
- * not granted (the caller keeps its vector path).
+ * not granted; on 1 or 2 the caller takes its vector path, which needs no scratch.
  */
 #include <math.h>
 #include <stdint.h>
@@ -153,7 +153,9 @@ static inline __attribute__((always_inline)) void softmax_span(const float *p, u
         tp++;
     }
     for (; tp < pairs; tp++) _mm512_store_si512(pw + tp * stride, _mm512_setzero_si512());
-    const __m512 alpha = exp2_16(_mm512_sub_ps(*m, mnew)); /* 1 where m stays */
+    /* exactly 1 where m stays (exp2_16(0) is its polynomial's constant, 1 + 2.5e-6) */
+    const __m512 alpha =
+        _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), moved, exp2_16(_mm512_sub_ps(*m, mnew)));
     *sum = _mm512_fmadd_ps(*sum, alpha, _mm512_add_ps(s0_, s1_));
     *m = mnew;
     if (moved)
@@ -249,9 +251,22 @@ static inline __attribute__((always_inline)) void tile_item(const Chunk *C_, con
     }
 }
 
+/* One function per head layout, each with its own stack frame (inlined into one switch, the
+ * 16 layouts' arrays added up to 1.1 MB of stack; the largest alone is 145 KB). */
+#define ITEM_FN(G, C)                                                                          \
+    static __attribute__((noinline)) void item_##G##_##C(const Chunk *J, const uint16_t *kc, \
+                                                         const uint16_t *vt, int64_t h,      \
+                                                         int64_t ti) {                       \
+        tile_item(J, kc, vt, h, ti, G, C);                                                     \
+    }
 /* clang-format off */
+ITEM_FN(1, 4) ITEM_FN(2, 4) ITEM_FN(3, 4) ITEM_FN(4, 4)
+ITEM_FN(5, 4) ITEM_FN(6, 4) ITEM_FN(7, 4) ITEM_FN(8, 4)
+ITEM_FN(1, 8) ITEM_FN(2, 8) ITEM_FN(3, 8) ITEM_FN(4, 8)
+ITEM_FN(5, 8) ITEM_FN(6, 8) ITEM_FN(7, 8) ITEM_FN(8, 8)
+
 #define ITEM_CASE(G, C) \
-    case (G) * 16 + (C): tile_item(J, kc, vt, h, ti, G, C); return;
+    case (G) * 16 + (C): item_##G##_##C(J, kc, vt, h, ti); return;
 
 static void item(const Chunk *J, const uint16_t *kc, const uint16_t *vt, int64_t h, int64_t ti) {
     switch (J->nh / J->nkv * 16 + J->hd / 16) {
@@ -267,6 +282,7 @@ int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, cons
                       int64_t start, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                       int64_t num_blocks, int64_t bs, float scale, float *out, int threads) {
     if (!amx_ready() || small_gemm_bf16_amx_rows(-1) == 0) return 2;
+    if (n <= 0) return 0;
     const int64_t L = start + n, Lp = (L + 31) / 32 * 32, head = Lp * hd * 2; /* elements */
     int64_t per_pass = LAYOUT_BYTES / (head * 2);
     per_pass = per_pass < 1 ? 1 : per_pass > nkv ? nkv : per_pass;

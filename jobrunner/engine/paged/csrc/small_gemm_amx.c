@@ -112,6 +112,7 @@ static void column_block(const uint16_t *a, const uint16_t *w, const float *bias
 
 int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int threads) {
+    if (M <= 0 || N <= 0 || K <= 0) return 0;
     const int64_t row_blocks = (M + 15) / 16, panels = (N + NR - 1) / NR;
     uint16_t *a = aligned_alloc(64, (size_t)(row_blocks * 16) * (size_t)K * 2);
     if (!a) return 1;
