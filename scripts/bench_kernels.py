@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from jobrunner.engine import heap
 from jobrunner.engine.paged import cpu_kernels
 
 LAYERS, HIDDEN, MLP, VOCAB = 30, 576, 1536, 49152
@@ -537,6 +538,8 @@ def main() -> None:
     only = set(args.only.split(","))
     peak, note = peak_flops(args.threads)
     print(f"kernels: {cpu_kernels.isa()}; threads {args.threads}; peak {note}")
+    kept = heap.keep_freed_memory()  # as make_engine does on CPU: outputs reuse freed pages
+    print(f"heap: freed memory {'kept' if kept else 'returned (fresh pages each call)'}")
     if "gemm" in only:
         bench_gemm(clock, [int(r) for r in args.gemm_rows.split(",")])
     bf16_peak = None

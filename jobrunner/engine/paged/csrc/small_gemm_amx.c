@@ -15,8 +15,8 @@
  * Rows whose tiles fit L2 (1 MB) stay there while each panel passes once; more rows pass over
  * blocks of panels instead: 2 cores of an AMX Xeon, SmolLM2's 120 linears, 4,096 rows, every
  * panel past 900-row slices held in L2 (the earlier kernel) ran 1.2 TFLOP/s, as W streaming
- * through L2 evicted the rows; blocks of 8 panels held in L2, 1.5. Rounding x on both threads
- * before the products: 64 rows 19.7 -> 16.1 ms, 1,024 rows 183 -> 130 (docs/performance.md).
+ * through L2 evicted the rows; blocks of 8 panels held in L2, 1.55. With the rounding shared
+ * by both threads: 64 rows 17.1 -> 13.7 ms, 1,024 rows 165 -> 115 (docs/performance.md).
  * Where Linux does not grant the tiles (amx.c), or the build lacks AMX, the vdpbf16ps path runs.
  */
 #include <stdint.h>
