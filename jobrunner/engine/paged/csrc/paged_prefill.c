@@ -29,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_pairs.h"
 #include "kv_load.h"
+#include "prefill_tile.h"
 #include "vexp.h"
 
 int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, const int64_t *table,
@@ -97,15 +99,6 @@ static inline __attribute__((always_inline)) void softmax_span(float *p, int64_t
                 _mm512_store_ps(o + 16 * c, _mm512_mul_ps(f, _mm512_load_ps(o + 16 * c)));
         }
     }
-}
-
-/* Lane qi's position start + qi; padding lanes take the last real one, L - 1 (their output is
- * not stored). */
-static inline __m512i lane_positions(int64_t start, int64_t L) {
-    const __m512i pos =
-        _mm512_add_epi32(_mm512_set1_epi32((int)start),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    return _mm512_min_epi32(pos, _mm512_set1_epi32((int)(L - 1)));
 }
 
 /* TB keys' scores a[b * G + j] (keys t0.., of which `live_keys` are real) times the scale, into
@@ -254,13 +247,6 @@ static inline uint32_t bf16_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return (u + 0x7FFF + ((u >> 16) & 1)) >> 16;
-}
-
-/* Lane i: the bfloat16 pair (lo[i], hi[i]), lo in the low half, as vdpbf16ps reads a pair. */
-static inline __m512i pairs_of(__m512 lo, __m512 hi) {
-    const __m512i a = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
-    const __m512i b = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
-    return _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
 }
 
 /* tile_avx512 for a bfloat16 cache on AVX-512 BF16: the queries rounded to bfloat16 and held as

@@ -26,8 +26,9 @@
 #include <string.h>
 
 #include "amx.h"
+#include "bf16_pairs.h"
 #include "kv_load.h"
-#include "transpose.h"
+#include "prefill_tile.h"
 #include "vexp.h"
 
 #ifdef JR_AMX
@@ -68,23 +69,6 @@ static void lay_out(const uint16_t *k, const uint16_t *v, const int64_t *table, 
         transpose16(r); /* r[d]: dim c + d of the 16 key pairs */
         for (int d = 0; d < 16; d++) _mm512_store_si512(vt + (t0 * hd + (c + d) * 32), r[d]);
     }
-}
-
-/* Lane qi's position start + qi; padding lanes take the last real one, L - 1. */
-static inline __m512i lane_positions(int64_t start, int64_t L) {
-    const __m512i pos =
-        _mm512_add_epi32(_mm512_set1_epi32((int)start),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    return _mm512_min_epi32(pos, _mm512_set1_epi32((int)(L - 1)));
-}
-
-/* Lane i: the bfloat16 pair (lo[i], hi[i]), lo in the low half, as a B tile row holds it. */
-static inline __m512i pairs_of(__m512 lo, __m512 hi) {
-    const __m512i zip = _mm512_setr_epi32(0x100000, 0x110001, 0x120002, 0x130003, 0x140004,
-                                          0x150005, 0x160006, 0x170007, 0x180008, 0x190009,
-                                          0x1A000A, 0x1B000B, 0x1C000C, 0x1D000D, 0x1E000E,
-                                          0x1F000F); /* word i: halves i and 16 + i */
-    return _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
 
 /* How far (in powers of 2) a lane's running max may trail the scores before it is moved: the
@@ -281,7 +265,7 @@ static void item(const Chunk *J, const uint16_t *kc, const uint16_t *vt, int64_t
 int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, const int64_t *table,
                       int64_t start, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                       int64_t num_blocks, int64_t bs, float scale, float *out, int threads) {
-    if (!amx_ready() || small_gemm_bf16_amx_rows(-1) == 0) return 2;
+    if (small_gemm_bf16_amx_rows(-1) == 0) return 2; /* AMX off, not built or not granted */
     if (n <= 0) return 0;
     const int64_t L = start + n, Lp = (L + 31) / 32 * 32, head = Lp * hd * 2; /* elements */
     int64_t per_pass = LAYOUT_BYTES / (head * 2);

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 
 #include "amx.h"
-#include "transpose.h"
+#include "bf16_pairs.h"
 
 #define NR 32 /* output columns per panel */
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
