@@ -344,46 +344,40 @@ def test_the_kernel_compiles_for_gpus_within_their_shared_memory():
         assert got["cubin"] > 0 and got["shared"] <= SHARED_LIMIT[w[-1]], (w, got)
 
 
-def _cpu_kernels_vectorized() -> bool:
-    from jobrunner.engine.paged import cpu_kernels
-
-    return cpu_kernels.isa() in ("avx2", "avx512")
-
-
-@pytest.mark.xfail(
-    not _cpu_kernels_vectorized(),
-    strict=True,
-    reason=(
-        "known bug, open: where the CPU path has no vector kernels (plain C or torch prefill),"
-        " row 0's tokens with an int8 KV cache differ from the Triton path's by their first"
-        " token (903 681 550 877 ... against 681 550 877 ...). Seen on Zen 3 before its AVX2"
-        " kernels; with them (and with AVX-512) the two paths agree, so the suspect is the CPU"
-        " fallback's int8 prefill, not Triton"
-    ),
-)
-def test_an_int8_cache_on_the_triton_path_gives_the_tokens_the_cpu_path_gives(
-    bench_gpu, monkeypatch
-):
-    """Both paths read the same codes times the same scales; only the order of the sums differs
-    (the tiny model's logits are sharpened, so that cannot move a token)."""
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_an_8_bit_cache_gives_the_same_tokens_on_every_attention_path(bench_gpu, kv, monkeypatch):
+    """Every path reads the same codes times the same scales, a prompt chunk's own keys too (the
+    torch path once attended those unquantized: its first tokens differed); only the order of
+    the sums differs, and the tiny model's logits are sharpened, so that cannot move a token.
+    Paths: the Triton kernel, the device's own (CPU kernels, or the torch path on CUDA), and
+    the torch path."""
     from jobrunner.config import JobConfig
-    from jobrunner.engine.paged import PagedEngine
+    from jobrunner.engine.paged import PagedEngine, cpu_kernels
     from jobrunner.types import Request, SamplingParams
 
     loaded = bench_gpu.sharpened_tiny(DEVICE)
-    work = bench_gpu.prompts(4, 20, 100, loaded.model.config.vocab_size, seed=4)
+    work = bench_gpu.prompts(16, 20, 100, loaded.model.config.vocab_size, seed=4)
     cfg = JobConfig()
-    cfg.engine.kv_cache_bytes = 2 << 20
-    cfg.model.kv_cache_dtype = "int8"
+    cfg.engine.kv_cache_bytes = 4 << 20
+    cfg.model.kv_cache_dtype = kv
     reqs = [
         Request(str(i), ids, SamplingParams(max_new_tokens=12, ignore_eos=True))
         for i, ids in enumerate(work)
     ]
     tokens = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv("JOBRUNNER_TRITON", flag)
-        engine = PagedEngine(loaded, cfg)
-        assert engine.runner.triton == (flag == "1")
-        tokens[flag] = {r.id: r.token_ids for r in engine.generate(reqs)}
-    assert tokens["1"] == tokens["0"]
-    assert all(len(t) == 12 for t in tokens["1"].values())
+    try:
+        for path, triton, native in [("triton", "1", "1"), ("own", "0", "1"), ("torch", "0", "0")]:
+            monkeypatch.setenv("JOBRUNNER_TRITON", triton)
+            monkeypatch.setenv("JOBRUNNER_CPU_KERNELS", native)
+            cpu_kernels.load.cache_clear()
+            engine = PagedEngine(loaded, cfg)
+            assert engine.runner.triton == (triton == "1")
+            if native == "0":
+                assert not engine.runner.decode_kernel
+            tokens[path] = {r.id: r.token_ids for r in engine.generate(reqs)}
+    finally:  # later tests load the kernels as the environment says
+        monkeypatch.delenv("JOBRUNNER_CPU_KERNELS")
+        cpu_kernels.load.cache_clear()
+    assert tokens["own"] == tokens["triton"]
+    assert tokens["torch"] == tokens["triton"]
+    assert all(len(t) == 12 for t in tokens["triton"].values())

@@ -92,6 +92,8 @@ def paged_attention(
     if meta.triton is not None:
         return triton_attention.attend(q, k_cache, v_cache, meta.triton, scale).view(q.shape[0], -1)
     out = torch.empty_like(q)
+    if meta.prefills and not meta.prefill_kernel:  # a chunk's own keys as every path reads them
+        k, v = _as_cached(k_cache, meta.slot_mapping, k), _as_cached(v_cache, meta.slot_mapping, v)
     for g in meta.decode_groups:
         out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)
     for p in meta.prefills:
@@ -114,6 +116,16 @@ def _write(cache, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
     cache.view(nkv, -1, hd).index_copy_(
         1, slot_mapping, to_cache_dtype(x, cache.dtype).transpose(0, 1)
     )
+
+
+def _as_cached(cache, slot_mapping: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x (T, nkv, hd) as the cache holds it: rounded to a 16-bit cache's dtype, or read back
+    from an 8-bit one as codes x scales. The kernels read a prompt chunk's own keys from the
+    cache, so the torch path attends to the same values (and a row's tokens do not depend on
+    the path that ran it)."""
+    if not isinstance(cache, torch.Tensor):
+        return cache.read(slot_mapping).to(x.dtype)
+    return to_cache_dtype(x, cache.dtype).to(x.dtype) if cache.dtype != x.dtype else x
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

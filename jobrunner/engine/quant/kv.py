@@ -56,6 +56,13 @@ class QuantizedKV:
         self.codes.view(nkv, -1, hd).index_copy_(1, slot_mapping, codes)
         self.scales.view(nkv, -1, 1).index_copy_(1, slot_mapping, scale.to(SCALE_DTYPE))
 
+    def read(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """The values at flat slots (T,), dequantized: (T, nkv, hd) in the compute dtype."""
+        nkv, hd = self.codes.shape[0], self.codes.shape[-1]
+        codes = self.codes.view(nkv, -1, hd).index_select(1, slot_mapping).view(self.fmt.storage)
+        scales = self.scales.view(nkv, -1, 1).index_select(1, slot_mapping)
+        return (codes.to(self.dtype) * scales.to(self.dtype)).transpose(0, 1)
+
     def gather(self, block_ids: torch.Tensor) -> torch.Tensor:
         """Blocks (..., nb) -> dequantized (..., nkv, nb * bs, hd) in the compute dtype."""
         codes = _gather(self.codes, block_ids).view(self.fmt.storage)
