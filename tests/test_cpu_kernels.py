@@ -194,6 +194,23 @@ def test_small_row_linear_matches_f_linear_and_repacks_a_new_weight(native, monk
     torch.testing.assert_close(lin(x, w2, None), torch.nn.functional.linear(x, w2))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_off_the_cpu_never_builds_the_cpu_kernels(dtype, monkeypatch):
+    """A CUDA job has no use for the CPU linears: asking whether they fit must not compile the
+    kernels (seconds of a C compiler on a fresh machine). A model on the meta device stands in
+    for one on a GPU."""
+    from jobrunner.engine.paged.small_linear import SmallRowLinear
+
+    def build(*_a):
+        raise AssertionError("the CPU kernels were asked for")
+
+    for name in ("load", "gemm_supported", "gemm_bf16_supported"):
+        monkeypatch.setattr(cpu_kernels, name, build)
+    with torch.device("meta"):
+        model = torch.nn.Linear(8, 8, dtype=dtype)
+    assert not SmallRowLinear.usable(model)
+
+
 @pytest.mark.skipif(not cpu_kernels.gemm_supported(), reason="no vector kernel on this CPU")
 @pytest.mark.parametrize("n,k", [(100, 70), (32, 576), (17, 1), (1, 33), (24, 9), (8, 16)])
 def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):

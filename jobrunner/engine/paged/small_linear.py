@@ -41,16 +41,14 @@ class SmallRowLinear:
         import psutil
 
         param = next(hf_model.parameters())
+        if param.device.type != "cpu":  # before asking the kernels, which builds them
+            return False
         weights = sum(p.numel() * p.element_size() for p in hf_model.parameters())
         if param.dtype == torch.float32:
             packed = cpu_kernels.gemm_supported() or torch.backends.mkldnn.is_available()
         else:
             packed = param.dtype == torch.bfloat16 and cpu_kernels.gemm_bf16_supported()
-        return (
-            param.device.type == "cpu"
-            and packed
-            and 4 * weights < psutil.virtual_memory().available
-        )
+        return packed and 4 * weights < psutil.virtual_memory().available
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if x.dtype != torch.float32 or x.dim() != 2:
