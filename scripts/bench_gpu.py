@@ -5,18 +5,23 @@ wheel is too large to carry there): the model is built from a config with random
 prompts are random token ids, and a stub tokenizer spells ids as numbers. EOS is ignored
 everywhere, so every engine does the same work.
 
-  static  HF `generate`, left-padded length-sorted static batches (best of --hf-batch-sizes)
-  paged   `engine.kind: paged` on the same requests
-  exact   first, a tiny random model in float32: the paged engine's greedy tokens against HF
+Phases (--phases, all by default):
+  exact   a tiny random model in float32: the paged engine's greedy tokens against HF
           `generate` one row at a time, rows equal (the oracle), on each CUDA path
+  static  HF `generate`, left-padded length-sorted static batches (best of --hf-batch-sizes),
+          against `engine.kind: paged` on the same requests
   decode  --decode-rows rows of --decode-prompt tokens generating --decode-new each: decode
-          tokens/s (the run minus a prefill-only run) against the device's roofline, the larger
-          of a step's bytes (weights + KV read) over memory bandwidth and its FLOPs over peak,
-          on each CUDA path: the Triton kernel with and without CUDA graphs, the torch path, and
-          the kernel over an int8 KV cache
+          tokens/s (the run minus a prefill-only run) on each CUDA path (the Triton kernel
+          with and without CUDA graphs, the torch path, the kernel over an int8 KV cache)
+          against the device's roofline: the larger of a step's bytes (weights + KV read) over
+          memory bandwidth and its FLOPs over peak, both as measured first (a device-to-device
+          copy, a bfloat16 matrix product) unless --hbm-tbps and --peak-tflops give them
+  breakdown  a decode step on the graphs path split into the largest graph's replay alone
+          (the device's forward) and the rest (the host's work between replays)
 
     python scripts/bench_gpu.py --out /tmp/bench_gpu.json
     python scripts/bench_gpu.py --device cpu --shape tiny --dtype float32   # a smoke check
+    python scripts/bench_gpu.py --phases breakdown                          # one phase
 """
 
 from __future__ import annotations
@@ -38,24 +43,27 @@ import bench_runs  # noqa: E402  (the HF baseline and the engine runner)
 from jobrunner.engine.loader import LoadedModel  # noqa: E402
 from jobrunner.engine.resolve import ModelSource  # noqa: E402
 
+
+def llama(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vocab: int, **kw):
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        **kw,
+    )
+
+
 SHAPES = {
-    "llama3-8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        rope_theta=500000.0,
+    "llama3-8b": llama(4096, 14336, 32, 32, 8, 128256, rope_theta=500000.0),
+    # SmolLM2's shapes, for scripts/random_model.py (whose folders carry SmolLM2's tokenizer)
+    "smollm2-135m": llama(576, 1536, 30, 9, 3, 49152, rope_theta=1e5, tie_word_embeddings=True),
+    "smollm2-1.7b": llama(
+        2048, 8192, 24, 32, 32, 49152, rope_theta=1.3e5, tie_word_embeddings=True
     ),
-    "tiny": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-    ),
+    "tiny": llama(256, 512, 2, 4, 2, 1024),
 }
 # memory bandwidth (TB/s) and dense bfloat16 peak (TFLOP/s) by device name, from vendor sheets
 DEVICES = {"H200": (4.8, 989.0), "H100": (3.35, 989.0), "A100": (2.0, 312.0)}
@@ -129,6 +137,31 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def measured_ceilings(device: torch.device) -> tuple[float, float]:
+    """(TB/s, TFLOP/s) this device reaches: a 4 GB device-to-device copy counting bytes read
+    and written, and an 8192^3 bfloat16 matrix product; each the best of 5 after a warm-up."""
+    a = torch.empty(1 << 31, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(5):
+            sync(device)
+            t = time.perf_counter()
+            fn()
+            sync(device)
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    tbps = 2 * a.numel() / best(lambda: b.copy_(a)) / 1e12
+    tflops = 2 * 8192**3 / best(lambda: x @ x) / 1e12
+    a = b = x = None  # handed back before the runs
+    torch.cuda.empty_cache()
+    return tbps, tflops
+
+
 def roofline(loaded: LoadedModel, rows: int, ctx: float, args) -> dict:
     """Decode tokens/s bound for `rows` rows at mean context `ctx`, and what bounds it."""
     m, c = loaded.model, loaded.model.config
@@ -140,7 +173,7 @@ def roofline(loaded: LoadedModel, rows: int, ctx: float, args) -> dict:
     flops = 2 * params * rows + 4 * rows * ctx * c.num_attention_heads * hd * c.num_hidden_layers
     name = torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else "cpu"
     tbps, tflops = next((v for k, v in DEVICES.items() if k in name), (None, None))
-    tbps, tflops = args.hbm_tbps or tbps, args.peak_tflops or tflops
+    tbps, tflops = args.hbm_tbps or tbps, args.peak_tflops or tflops  # the measured ones, on CUDA
     if not tbps or not tflops:
         return {"device": name, "note": "no roofline figures for this device (--hbm-tbps)"}
     t_mem, t_compute = (params * elem + kv) / (tbps * 1e12), flops / (tflops * 1e12)
@@ -203,40 +236,73 @@ def main() -> None:
     ap.add_argument("--hbm-tbps", type=float, default=None)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--out", default=None, help="also write the results here as JSON")
+    ap.add_argument("--phases", default=",".join(PHASES), help="of " + ", ".join(PHASES))
     args = ap.parse_args()
+    phases = args.phases.split(",")
+    if unknown := set(phases) - set(PHASES):
+        ap.error(f"unknown phases {sorted(unknown)}")
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    out: dict = {"shape": args.shape, "dtype": args.dtype}
+    if device.type == "cuda" and not (args.hbm_tbps and args.peak_tflops):
+        tbps, tflops = measured_ceilings(device)
+        args.hbm_tbps, args.peak_tflops = args.hbm_tbps or tbps, args.peak_tflops or tflops
+        out.update(measured_copy_tbps=tbps, measured_bf16_tflops=tflops)
+        print(f"device  copy {tbps:.2f} TB/s, bf16 matrix product {tflops:.0f} TFLOP/s", flush=True)
+    if "exact" in phases:
+        out["float32_rows_equal_to_hf"] = exact_phase(device, args)
+        save(out, args.out)
+    t0 = time.perf_counter()
+    loaded = build(args.shape, device, dtype)
+    sync(device)
+    out["build_s"] = time.perf_counter() - t0
+    for name in ("static", "decode", "breakdown"):
+        if name in phases:
+            out.update(PHASES[name](loaded, args))
+            save(out, args.out)
+
+
+def exact_phase(device: torch.device, args) -> dict:
     exact = {}
     for name, env, engine in DECODE_PATHS:
         with patched_env(env):
             same, n = exactness(device, args.check_rows, **engine)
         exact[name] = f"{same}/{n}"
         print(f"exact   {name:20s} float32 greedy equal to HF generate on {same} of {n} rows")
-    t0 = time.perf_counter()
-    loaded = build(args.shape, device, dtype)
-    sync(device)
-    out: dict = {"shape": args.shape, "dtype": args.dtype, "build_s": time.perf_counter() - t0}
-    out["float32_rows_equal_to_hf"] = exact
-    vocab = loaded.model.config.vocab_size
-    lo, hi = map(int, args.prompt_tokens.split(","))
-    work = prompts(args.rows, lo, hi, vocab, seed=0)
-    reqs = bench_runs.requests(work, args.new_tokens, ignore_eos=True)
+    return exact
 
+
+def static_phase(loaded: LoadedModel, args) -> dict:
+    """HF static batches against the paged engine on mixed-length rows."""
+    lo, hi = map(int, args.prompt_tokens.split(","))
+    work = prompts(args.rows, lo, hi, loaded.model.config.vocab_size, seed=0)
+    reqs = bench_runs.requests(work, args.new_tokens, ignore_eos=True)
     static = {}
     for b in map(int, args.hf_batch_sizes.split(",")):
         tokens, seconds = bench_runs.hf_generate(loaded, work, args.new_tokens, True, b)
-        sync(device)
+        sync(loaded.device)
         static[b] = tokens / seconds
         print(f"static  HF generate, batches of {b:3d}  {static[b]:10.1f} tok/s", flush=True)
-    tokens, seconds, stats, _, _ = bench_runs.run_engine("paged", loaded, reqs, max_num_seqs=256)
+    tokens, seconds, _, _, _ = bench_runs.run_engine("paged", loaded, reqs, max_num_seqs=256)
     paged = tokens / seconds
     best = max(static.values())
     print(f"paged   jobrunner                    {paged:10.1f} tok/s  {paged / best:.2f}x static")
-    out.update(hf_static_tok_s=static, paged_tok_s=paged, paged_vs_static=paged / best)
+    return dict(hf_static_tok_s=static, paged_tok_s=paged, paged_vs_static=paged / best)
 
-    short = prompts(args.decode_rows, args.decode_prompt, args.decode_prompt, vocab, seed=1)
-    roof = roofline(loaded, args.decode_rows, args.decode_prompt + args.decode_new / 2, args)
-    out.update(decode_rows=args.decode_rows, roofline=roof, decode_tok_s={})
+
+def decode_work(loaded: LoadedModel, args) -> list[list[int]]:
+    vocab = loaded.model.config.vocab_size
+    return prompts(args.decode_rows, args.decode_prompt, args.decode_prompt, vocab, seed=1)
+
+
+def decode_roofline(loaded: LoadedModel, args) -> dict:
+    return roofline(loaded, args.decode_rows, args.decode_prompt + args.decode_new / 2, args)
+
+
+def decode_phase(loaded: LoadedModel, args) -> dict:
+    """Decode tokens/s on each CUDA path against the roofline."""
+    short, roof = decode_work(loaded, args), decode_roofline(loaded, args)
+    out: dict = {"decode_rows": args.decode_rows, "roofline": roof, "decode_tok_s": {}}
     for name, env, engine in DECODE_PATHS:
         with patched_env(env):
             decode = decode_tok_s(loaded, short, args, **engine)
@@ -246,8 +312,53 @@ def main() -> None:
             bound = roof["bound_tok_s"]
             line += f"  {decode / bound:.0%} of the {roof['bound_by']} roofline ({bound:.0f} tok/s)"
         print(line, flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    return out
+
+
+def breakdown_phase(loaded: LoadedModel, args) -> dict:
+    """A decode step on the graphs path, split: the largest captured graph replayed alone
+    (the device's forward, logits included) against the whole step, whose remainder is the
+    host's work between replays (scheduling, inputs, sampling, bookkeeping)."""
+    short = decode_work(loaded, args)
+    step_ms = args.decode_rows / decode_tok_s(loaded, short, args) * 1e3
+    eng = bench_runs.make_engine(
+        "paged", loaded, max_num_seqs=args.decode_rows, max_batch_tokens=8192
+    )
+    reqs = bench_runs.requests(short, args.decode_new, True)
+    list(eng.generate(bench_runs.order_requests(reqs, 4096)))  # the buffers hold a real step
+    graphs = eng.runner.graphs
+    out: dict = {"decode_step_ms": step_ms}
+    if graphs is not None:
+        replay = graphs.graphs[graphs.max_rows]
+        replay()
+        sync(loaded.device)
+        t, n = time.perf_counter(), 20
+        for _ in range(n):
+            replay()
+        sync(loaded.device)
+        out["graph_replay_ms"] = (time.perf_counter() - t) / n * 1e3
+        out["host_ms"] = step_ms - out["graph_replay_ms"]
+    roof = decode_roofline(loaded, args)
+    if "bound_tok_s" in roof:
+        out["roofline_step_ms"] = args.decode_rows / roof["bound_tok_s"] * 1e3
+    print("split   " + ", ".join(f"{k} {v:.2f}" for k, v in out.items()), flush=True)
+    del eng, graphs
+    bench_runs.release(loaded.device)
+    return out
+
+
+PHASES = {
+    "exact": exact_phase,
+    "static": static_phase,
+    "decode": decode_phase,
+    "breakdown": breakdown_phase,
+}
+
+
+def save(out: dict, path: str | None) -> None:
+    """The results so far (each phase adds to them: a run cut short keeps what it measured)."""
+    if path:
+        Path(path).write_text(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ runs them all in one.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -105,11 +106,8 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
     return len(row)
 
 
-def run_engine(
-    kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
-) -> tuple[int, float, object, list, float]:
-    """(generated tokens, seconds, engine stats, each row's token ids in request order, the
-    process's CPU seconds over the same span)."""
+def make_engine(kind: str, loaded, kv_cache_dtype: str = "auto", **engine):
+    """One of our engines on `loaded`, engine.* keys as given."""
     from jobrunner.engine.engines import ENGINES
 
     cfg = JobConfig()
@@ -117,7 +115,15 @@ def run_engine(
     cfg.model.kv_cache_dtype = kv_cache_dtype
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
-    eng = ENGINES.get(kind)(loaded, cfg)
+    return ENGINES.get(kind)(loaded, cfg)
+
+
+def run_engine(
+    kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
+) -> tuple[int, float, object, list, float]:
+    """(generated tokens, seconds, engine stats, each row's token ids in request order, the
+    process's CPU seconds over the same span)."""
+    eng = make_engine(kind, loaded, kv_cache_dtype, **engine)
     t0, cpu0 = time.perf_counter(), time.process_time()
     results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
     seconds = time.perf_counter() - t0
@@ -126,7 +132,18 @@ def run_engine(
     if failed:
         raise SystemExit(f"{kind}: {len(failed)} rows failed, e.g. {failed[0]}")
     tokens = sum(r.usage.completion_tokens for r in results.values())
-    return tokens, seconds, eng.stats, [results[r.id].token_ids for r in reqs], cpu_seconds
+    stats = eng.stats
+    del eng
+    release(loaded.device)
+    return tokens, seconds, stats, [results[r.id].token_ids for r in reqs], cpu_seconds
+
+
+def release(device) -> None:
+    """Hand a dropped engine's KV cache back before the next run: a CUDA engine sizes its cache
+    from the device's free memory, which torch's cache of freed blocks would otherwise keep."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def measure(loaded, work: dict) -> dict:
