@@ -23,10 +23,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 polars==2.1.0 polars-runtime-32==2.1.0 plotly==7.1.0"
-# STEPS picks and orders the steps (e.g. STEPS="bench tests", BENCH_ARGS="--phases breakdown");
+# STEPS picks and orders the steps (e.g. STEPS="bench tests", BENCH_ARGS="--phases breakdown",
+# TESTS_ARGS="-k 8_bit");
 # a smoke run on a CPU: DEVICE=cpu JOB_ROWS=32 JOB_SHAPE=smollm2-135m
 # BENCH_ARGS="--device cpu --shape tiny --dtype float32 --rows 8 ..." bash scripts/gpu_check.sh
-STEPS=${STEPS:-tests bench job} TESTS_TIMEOUT=${TESTS_TIMEOUT:-300}
+STEPS=${STEPS:-tests bench job} TESTS_TIMEOUT=${TESTS_TIMEOUT:-300} TESTS_ARGS=${TESTS_ARGS:-}
 JOB_ROWS=${JOB_ROWS:-4096} JOB_SHAPE=${JOB_SHAPE:-smollm2-1.7b} DEVICE=${DEVICE:-cuda}
 BENCH_ARGS=${BENCH_ARGS:-}
 
@@ -68,8 +69,9 @@ nproc | sed 's/^/cpus /' | tee -a "$OUT/gpu.txt"
 # with and without CUDA graphs; then the scheduler and block manager (each kernel variant
 # compiles on first use: about 6 s a test on an H200)
 step_tests() {
+# shellcheck disable=SC2086
 timeout "$TESTS_TIMEOUT" python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
-  tests/test_block_manager.py tests/test_scheduler.py 2>&1 | tee "$OUT/tests.log"
+  tests/test_block_manager.py tests/test_scheduler.py $TESTS_ARGS 2>&1 | tee "$OUT/tests.log"
 }
 
 # 2. the bench
