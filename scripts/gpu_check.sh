@@ -10,7 +10,7 @@
 #      SmolLM2-1.7B-shaped model with random weights and the built-in model's tokenizer
 #      (scripts/random_model.py), over 4,096 distinct rows made from the sample prompts.
 # Results land in $OUT: gpu.txt, tests.log, bench.log, bench_gpu.json, job.log, report.json,
-# report.md.
+# report.md, manifest.json (the run record: its load_parts split the job's start-up).
 #
 #   here, first:    bash scripts/gpu_check.sh --fetch-wheels   (into .whl/, git-ignored)
 #   on the machine: bash scripts/gpu_check.sh                  (carry .whl)
@@ -103,7 +103,7 @@ start=$(date +%s.%N)
 python3 -m jobrunner run /tmp/gpu_job.yaml
 echo "job wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s, process start to exit"
 ' _ "$JOB_ROWS" "$JOB_SHAPE" "$DEVICE" 2>&1 | tee "$OUT/job.log"
-cp /tmp/gpu_job/report.json /tmp/gpu_job/report.md "$OUT/" 2>/dev/null
+cp /tmp/gpu_job/report.json /tmp/gpu_job/report.md /tmp/gpu_job/manifest.json "$OUT/" 2>/dev/null
 }
 
 for step in $STEPS; do "step_$step"; done
