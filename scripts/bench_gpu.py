@@ -65,8 +65,6 @@ SHAPES = {
     ),
     "tiny": llama(256, 512, 2, 4, 2, 1024),
 }
-# memory bandwidth (TB/s) and dense bfloat16 peak (TFLOP/s) by device name, from vendor sheets
-DEVICES = {"H200": (4.8, 989.0), "H100": (3.35, 989.0), "A100": (2.0, 312.0)}
 
 
 class StubTokenizer:
@@ -120,16 +118,13 @@ def hf_greedy(loaded: LoadedModel, ids: list[int], new: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def exactness(device: torch.device, rows: int, new: int = 32, **engine) -> tuple[int, int]:
-    """(rows equal, rows): greedy float32 tokens of the paged engine against HF `generate` one
-    row at a time, on the sharpened tiny model."""
-    loaded = sharpened_tiny(device)
-    work = prompts(rows, 20, 300, loaded.model.config.vocab_size, seed=2)
-    want = [hf_greedy(loaded, p, new) for p in work]
+def exactness(loaded: LoadedModel, work: list[list[int]], want: list[list[int]], **engine) -> int:
+    """Rows whose greedy float32 tokens from the paged engine equal HF's (`want`)."""
+    new = len(want[0])
     _, _, _, got, _ = bench_runs.run_engine(
         "paged", loaded, bench_runs.requests(work, new, True), **engine
     )
-    return sum(g == w for g, w in zip(got, want, strict=True)), rows
+    return sum(g == w for g, w in zip(got, want, strict=True))
 
 
 def sync(device: torch.device) -> None:
@@ -172,10 +167,9 @@ def roofline(loaded: LoadedModel, rows: int, ctx: float, args) -> dict:
     kv = rows * ctx * c.num_hidden_layers * c.num_key_value_heads * hd * 2 * elem
     flops = 2 * params * rows + 4 * rows * ctx * c.num_attention_heads * hd * c.num_hidden_layers
     name = torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else "cpu"
-    tbps, tflops = next((v for k, v in DEVICES.items() if k in name), (None, None))
-    tbps, tflops = args.hbm_tbps or tbps, args.peak_tflops or tflops  # the measured ones, on CUDA
+    tbps, tflops = args.hbm_tbps, args.peak_tflops  # measured first on CUDA, unless given
     if not tbps or not tflops:
-        return {"device": name, "note": "no roofline figures for this device (--hbm-tbps)"}
+        return {"device": name, "note": "no ceilings for this device (--hbm-tbps, --peak-tflops)"}
     t_mem, t_compute = (params * elem + kv) / (tbps * 1e12), flops / (tflops * 1e12)
     return {
         "device": name,
@@ -209,14 +203,17 @@ def patched_env(env: dict[str, str]):
                 os.environ[k] = v
 
 
-def decode_tok_s(loaded: LoadedModel, work: list[list[int]], args, **engine) -> float:
-    """Decode tokens/s: a run generating --decode-new tokens a row, minus a prefill-only run."""
+def decode_tok_s(loaded: LoadedModel, work: list[list[int]], args, inspect=None, **engine):
+    """Decode tokens/s: a run generating --decode-new tokens a row, minus a prefill-only run.
+    `inspect(engine)` runs after the full run (bench_runs.run_engine)."""
     limits = dict(max_num_seqs=args.decode_rows, max_batch_tokens=8192, **engine)
     _, prefill_s, _, _, _ = bench_runs.run_engine(
         "paged", loaded, bench_runs.requests(work, 1, True), **limits
     )
     full = bench_runs.requests(work, args.decode_new, True)
-    tokens, seconds, _, _, _ = bench_runs.run_engine("paged", loaded, full, **limits)
+    tokens, seconds, _, _, _ = bench_runs.run_engine(
+        "paged", loaded, full, inspect=inspect, **limits
+    )
     return (tokens - args.decode_rows) / max(seconds - prefill_s, 1e-9)
 
 
@@ -262,13 +259,19 @@ def main() -> None:
             save(out, args.out)
 
 
-def exact_phase(device: torch.device, args) -> dict:
+def exact_phase(device: torch.device, args, new: int = 32) -> dict:
+    """On the sharpened tiny model, each CUDA path against HF `generate` one row at a time."""
+    loaded = sharpened_tiny(device)
+    work = prompts(args.check_rows, 20, 300, loaded.model.config.vocab_size, seed=2)
+    want = [hf_greedy(loaded, p, new) for p in work]
     exact = {}
     for name, env, engine in DECODE_PATHS:
         with patched_env(env):
-            same, n = exactness(device, args.check_rows, **engine)
-        exact[name] = f"{same}/{n}"
-        print(f"exact   {name:20s} float32 greedy equal to HF generate on {same} of {n} rows")
+            same = exactness(loaded, work, want, **engine)
+        exact[name] = f"{same}/{len(work)}"
+        print(
+            f"exact   {name:20s} float32 greedy equal to HF generate on {same} of {len(work)} rows"
+        )
     return exact
 
 
@@ -319,31 +322,29 @@ def breakdown_phase(loaded: LoadedModel, args) -> dict:
     """A decode step on the graphs path, split: the largest captured graph replayed alone
     (the device's forward, logits included) against the whole step, whose remainder is the
     host's work between replays (scheduling, inputs, sampling, bookkeeping)."""
-    short = decode_work(loaded, args)
-    step_ms = args.decode_rows / decode_tok_s(loaded, short, args) * 1e3
-    eng = bench_runs.make_engine(
-        "paged", loaded, max_num_seqs=args.decode_rows, max_batch_tokens=8192
-    )
-    reqs = bench_runs.requests(short, args.decode_new, True)
-    list(eng.generate(bench_runs.order_requests(reqs, 4096)))  # the buffers hold a real step
-    graphs = eng.runner.graphs
-    out: dict = {"decode_step_ms": step_ms}
-    if graphs is not None:
-        replay = graphs.graphs[graphs.max_rows]
+    out: dict = {}
+
+    def time_replay(eng) -> None:  # the graphs' buffers still hold the run's last (full) step
+        graphs = eng.runner.graphs
+        if graphs is None:
+            return
+        replay, n = graphs.graphs[graphs.max_rows], 20
         replay()
         sync(loaded.device)
-        t, n = time.perf_counter(), 20
+        t = time.perf_counter()
         for _ in range(n):
             replay()
         sync(loaded.device)
         out["graph_replay_ms"] = (time.perf_counter() - t) / n * 1e3
-        out["host_ms"] = step_ms - out["graph_replay_ms"]
+
+    tok_s = decode_tok_s(loaded, decode_work(loaded, args), args, inspect=time_replay)
+    out["decode_step_ms"] = args.decode_rows / tok_s * 1e3
+    if "graph_replay_ms" in out:
+        out["host_ms"] = out["decode_step_ms"] - out["graph_replay_ms"]
     roof = decode_roofline(loaded, args)
     if "bound_tok_s" in roof:
         out["roofline_step_ms"] = args.decode_rows / roof["bound_tok_s"] * 1e3
     print("split   " + ", ".join(f"{k} {v:.2f}" for k, v in out.items()), flush=True)
-    del eng, graphs
-    bench_runs.release(loaded.device)
     return out
 
 

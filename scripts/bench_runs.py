@@ -106,8 +106,12 @@ def _count(row: list[int], eos: list[int], ignore_eos: bool) -> int:
     return len(row)
 
 
-def make_engine(kind: str, loaded, kv_cache_dtype: str = "auto", **engine):
-    """One of our engines on `loaded`, engine.* keys as given."""
+def run_engine(
+    kind: str, loaded, reqs, kv_cache_dtype: str = "auto", inspect=None, **engine
+) -> tuple[int, float, object, list, float]:
+    """(generated tokens, seconds, engine stats, each row's token ids in request order, the
+    process's CPU seconds over the same span). `inspect(engine)`, if given, runs after the
+    rows, before the engine is dropped."""
     from jobrunner.engine.engines import ENGINES
 
     cfg = JobConfig()
@@ -115,15 +119,7 @@ def make_engine(kind: str, loaded, kv_cache_dtype: str = "auto", **engine):
     cfg.model.kv_cache_dtype = kv_cache_dtype
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
-    return ENGINES.get(kind)(loaded, cfg)
-
-
-def run_engine(
-    kind: str, loaded, reqs, kv_cache_dtype: str = "auto", **engine
-) -> tuple[int, float, object, list, float]:
-    """(generated tokens, seconds, engine stats, each row's token ids in request order, the
-    process's CPU seconds over the same span)."""
-    eng = make_engine(kind, loaded, kv_cache_dtype, **engine)
+    eng = ENGINES.get(kind)(loaded, cfg)
     t0, cpu0 = time.perf_counter(), time.process_time()
     results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
     seconds = time.perf_counter() - t0
@@ -132,6 +128,8 @@ def run_engine(
     if failed:
         raise SystemExit(f"{kind}: {len(failed)} rows failed, e.g. {failed[0]}")
     tokens = sum(r.usage.completion_tokens for r in results.values())
+    if inspect is not None:
+        inspect(eng)
     stats = eng.stats
     del eng
     release(loaded.device)

@@ -20,20 +20,22 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import SHAPES  # noqa: E402
+from bench_gpu import SHAPES, build  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-SMOLLM2_SHAPES = sorted(k for k in SHAPES if k.startswith("smollm2"))
 
 
 def write(out: Path, shape: str, tokenizer: Path, dtype: torch.dtype) -> int:
     """Save the random model and copy the tokenizer; returns the parameter count."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tokenizers import Tokenizer
 
-    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=8192, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(cfg).to(dtype).eval()
+    vocab = Tokenizer.from_file(str(tokenizer / "tokenizer.json")).get_vocab_size()
+    if vocab > SHAPES[shape]["vocab_size"]:
+        raise SystemExit(
+            f"{shape}: {SHAPES[shape]['vocab_size']} embeddings, the tokenizer has {vocab} ids"
+        )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build(shape, device, dtype).model
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     for name in TOKENIZER_FILES:
@@ -45,7 +47,7 @@ def write(out: Path, shape: str, tokenizer: Path, dtype: torch.dtype) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--shape", choices=SMOLLM2_SHAPES, default="smollm2-1.7b")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-1.7b")
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
