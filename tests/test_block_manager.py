@@ -76,14 +76,49 @@ def test_eviction_order_is_lru_and_uncached_blocks_go_first():
     computed(bm, b, 9)  # blocks 3, 4 named, 5 partial
     bm.free(a)  # tail first: 2 -> free list, then 1, 0 -> evictable
     bm.free(b)  # 5 -> free list, then 4, 3 -> evictable
-    assert list(bm.free_ids) == [2, 5]
+    assert bm.recycled == [2, 5]
     assert list(bm.evictable) == [1, 0, 4, 3]
     c = make_seq(list(range(200, 216)))
     computed(bm, c, 16)
-    assert c.block_table == [2, 5, 1, 0]  # unnamed blocks first, then least recently freed
+    # unnamed blocks first (the most recently freed first), then the least recently freed
+    assert c.block_table == [5, 2, 1, 0]
     assert bm.num_evictions == 2
     assert bm.cached_prefix(make_seq(list(range(10)))) == []  # a's head was evicted
     assert bm.cached_prefix(make_seq(list(range(100, 109)))) == [3, 4]  # b's survived
+
+
+def test_freed_blocks_are_reused_before_untouched_ones():
+    """Rows that come and go reuse the same blocks: the cache's touched part (0..high_water-1,
+    whose pages the KV cache faults in ahead) stays the size of the rows alive at once."""
+    bm = BlockManager(num_blocks=100, block_size=4, enable_prefix_caching=False)
+    for i in range(50):
+        s = make_seq(list(range(i, i + 10)))
+        computed(bm, s, 10)
+        bm.free(s)
+    assert bm.high_water == 3
+    assert bm.num_free_blocks == 100
+
+
+def test_cached_blocks_past_the_retained_count_are_reused_before_untouched_ones():
+    bm = BlockManager(num_blocks=100, block_size=4, retain_blocks=4)
+    for i in range(50):  # distinct prompts: each leaves 2 named blocks behind
+        s = make_seq([1000 + i] * 10)
+        computed(bm, s, 10)
+        bm.free(s)
+    assert bm.high_water <= 3 + 4 + 2  # one row's blocks, the retained ones, one row's slack
+    assert len(bm.evictable) <= 6
+    assert bm.cached_prefix(make_seq([1000 + 49] * 10)) != []  # the latest row's head is kept
+    assert bm.cached_prefix(make_seq([1000] * 10)) == []  # the first row's was reused
+
+
+def test_without_a_retained_count_every_cached_block_is_kept():
+    bm = BlockManager(num_blocks=100, block_size=4)
+    for i in range(40):
+        s = make_seq([1000 + i] * 10)
+        computed(bm, s, 10)
+        bm.free(s)
+    assert len(bm.evictable) == 80
+    assert bm.cached_prefix(make_seq([1000] * 10)) != []  # the first row's head survives
 
 
 def test_hit_on_evictable_block_revives_it():

@@ -3,13 +3,19 @@
 A full block is named by a hash chained over its tokens and every token before it, so two
 sequences that share a prompt head share the blocks of that head. A block whose reference
 count drops to zero keeps its KV and its hash ("evictable") until the space is needed; the
-least recently freed evictable block is evicted first, and blocks that hold nothing worth
-keeping are always reused before any cached block.
+least recently freed evictable block is evicted first. Blocks that hold nothing worth keeping
+are reused before any cached block, the most recently freed first (its memory is likely still
+in the CPU's caches); then blocks never handed out, in id order, while no more than
+`retain_blocks` cached blocks wait unused; past that, the least recently used of those is reused
+first. So the part of the cache ever touched, blocks 0..high_water-1, grows to what the live
+rows need plus retain_blocks, not to the whole cache: on CPU every page of the cache is mapped
+at its first write, which cost a 512-row job on a KVM guest 4 of its 8.8 s of system time
+(docs/performance.md).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from jobrunner.sched.sequence import Sequence
 
@@ -19,15 +25,25 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        retain_blocks: int | None = None,
+    ):
         self.num_blocks = num_blocks
+        # cached blocks of finished rows kept while untouched blocks remain; beyond this many,
+        # the least recently used is reused first (None: keep them all)
+        self.retain_blocks = num_blocks if retain_blocks is None else retain_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
-        self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing worth keeping
+        self.recycled: list[int] = []  # freed, holding nothing worth keeping: reused first
+        self.high_water = 0  # blocks high_water.. were never handed out
         self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, cached; LRU first
         self.num_hits = 0  # prefix-cache blocks reused
         self.num_evictions = 0
@@ -36,7 +52,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_ids) + len(self.evictable)
+        return len(self.recycled) + self.num_blocks - self.high_water + len(self.evictable)
 
     @property
     def num_used_blocks(self) -> int:
@@ -104,8 +120,11 @@ class BlockManager:
         return True
 
     def _pop_free(self) -> int:
-        if self.free_ids:
-            block_id = self.free_ids.popleft()
+        if self.recycled:
+            block_id = self.recycled.pop()
+        elif self.high_water < self.num_blocks and len(self.evictable) <= self.retain_blocks:
+            block_id = self.high_water
+            self.high_water += 1
         else:
             block_id, _ = self.evictable.popitem(last=False)
             del self.hash_to_block[self.block_hash[block_id]]
@@ -136,7 +155,7 @@ class BlockManager:
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 if self.block_hash[block_id] is None:
-                    self.free_ids.append(block_id)
+                    self.recycled.append(block_id)
                 else:
                     self.evictable[block_id] = None
         seq.block_table = []

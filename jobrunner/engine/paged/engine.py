@@ -65,7 +65,12 @@ class PagedEngine(Engine):
         # a stop abandons a long step between layers (model.StepInterrupted)
         self.model.stopping = lambda: self.stop_requested
         self.kv = kv_cache_for(self.model, cfg, loaded.dtype, loaded.device, self.max_model_len)
-        self.block_manager = BlockManager(self.kv.num_blocks, e.block_size, e.prefix_caching)
+        self.block_manager = BlockManager(
+            self.kv.num_blocks,
+            e.block_size,
+            e.prefix_caching,
+            retain_blocks=self.kv.retain_blocks(loaded.device),
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             e.max_num_seqs,

@@ -29,6 +29,10 @@ from jobrunner.engine.quant.kv import kv_bytes_per_token as quantized
 log = logging.getLogger(__name__)
 
 CPU_MAX_BYTES = 4 << 30
+# On CPU the prefix cache keeps finished rows' blocks up to this share of the cache before it
+# reuses them ahead of never-touched blocks (sched/block_manager.py: each touched page costs a
+# fault, and the process's memory grows to all it ever touched)
+CPU_RETAIN_SHARE = 1 / 8
 HALF_FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -38,6 +42,12 @@ class KVCache:
     num_blocks: int  # blocks 0..num_blocks-1 hold sequences (the block manager's)
     block_size: int
     bytes_per_token: int
+
+    def retain_blocks(self, device: torch.device) -> int | None:
+        """How many cached blocks of finished rows the block manager keeps before it reuses
+        them ahead of never-touched blocks: on CPU a share of the cache, elsewhere all (the
+        device's memory is mapped when the cache is allocated)."""
+        return int(self.num_blocks * CPU_RETAIN_SHARE) if device.type == "cpu" else None
 
     @property
     def scratch_block(self) -> int:
