@@ -86,6 +86,19 @@ def instrument(eng, parts: Parts) -> None:
         parts.flops[parts.kind][part] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
         return out
 
+    def silu_gated(x, weight, bias=None):  # gate/up with SiLU x up inside: counted as linears
+        t0 = time.process_time()
+        out = small_rows.silu_gated(x, weight, bias)
+        parts.seconds[parts.kind]["linears"] += time.process_time() - t0
+        if out is not None:
+            parts.flops[parts.kind]["linears"] += (
+                2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
+            )
+        return out
+
+    if hasattr(small_rows, "silu_gated"):
+        linear.silu_gated = silu_gated
+
     def step(input_ids, positions, meta, kv_caches, logits_rows):
         parts.kind = "decode" if input_ids.shape[0] == logits_rows.shape[0] else "prefill"
         parts.steps[parts.kind] += 1

@@ -87,6 +87,8 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_bf16_fast.argtypes = []
     lib.small_gemm_bf16.restype = ctypes.c_int
     lib.small_gemm_bf16.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
+    lib.small_gemm_bf16_silu.restype = ctypes.c_int
+    lib.small_gemm_bf16_silu.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_panel.restype = ctypes.c_int
     lib.small_gemm_bf16_panel.argtypes = []
     lib.small_gemm_bf16_amx_rows.restype = _i64
@@ -378,6 +380,31 @@ def small_gemm_bf16(
     if rc != 0:
         raise MemoryError("small_gemm_bf16: out of memory for the bfloat16 rows")
     return y
+
+
+def small_gemm_bf16_silu(
+    x: torch.Tensor,  # (M, K) float32, any row stride
+    packed: torch.Tensor,  # pack_gemm_weight_bf16(w) of a fused gate/up weight (2n, K)
+    bias: torch.Tensor | None,  # (2n,) float32
+    n: int,
+) -> torch.Tensor | None:  # (M, n) float32
+    """silu(x Wg^T + bg) * (x Wu^T + bu) in one pass where the step takes the AMX tiles: the
+    same bits as small_gemm_bf16 then silu_mul, without writing out the (M, 2n) projection.
+    None where it does not (few rows, no AMX, n or K not a multiple of 32): run those two."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    if x.dtype != torch.float32 or packed.dtype != torch.bfloat16 or packed.shape[1] != k // 2:
+        return None
+    y = x.new_empty(m, n)
+    b = None if bias is None else bias.contiguous()
+    rc = load().small_gemm_bf16_silu(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
+        y.data_ptr(), m, 2 * n, k, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == 1:
+        raise MemoryError("small_gemm_bf16_silu: out of memory for the bfloat16 rows")
+    return y if rc == 0 else None
 
 
 def rows_supported(x: torch.Tensor) -> bool:

@@ -171,11 +171,15 @@ class PagedCausalLM:
         return self.small_rows(x, m.weight, m.bias) if type(m) is nn.Linear else m(x)
 
     def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
-        fused = _apply(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], x, self.small_rows)
+        mods, silu = [mlp.gate_proj, mlp.up_proj], type(mlp.act_fn).__name__ in SILUS
+        gated = self._silu_gated(self.gate_up[i], mods, x) if silu else None
+        if gated is not None:  # gate/up and the product in one kernel
+            return self._linear(mlp.down_proj, gated)
+        fused = _apply(self.gate_up[i], mods, x, self.small_rows)
         if fused is None:
             return mlp(x)
         gate, up = fused.split(self.gate_up[i][3], dim=-1)
-        if type(mlp.act_fn).__name__ in SILUS:
+        if silu:
             if gate.shape == up.shape and cpu_kernels.rows_supported(fused):
                 return self._linear(mlp.down_proj, cpu_kernels.silu_mul(fused))  # one pass
             # in place: no extra (T, intermediate) tensors
@@ -187,6 +191,16 @@ class PagedCausalLM:
         if cos is None:
             return cpu_kernels.rope_(x, self.cos, self.sin, positions)
         return x * cos + rotate_half(x) * sin
+
+    def _silu_gated(self, fused: Fused | None, mods: list[nn.Module], x: torch.Tensor):
+        """silu(gate) * up straight from the fused gate/up weight where the small-row linears
+        have a kernel for it and this step takes it (SmallRowLinear.silu_gated); else None."""
+        if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
+            return None
+        gated = getattr(self.small_rows, "silu_gated", None)
+        if gated is None or fused[3][0] != fused[3][1]:
+            return None
+        return gated(x, fused[1], fused[2])
 
     def _attention(self, i, layer, h, rope, meta, k_cache, v_cache) -> torch.Tensor:
         attn, T = layer.self_attn, h.shape[0]

@@ -61,6 +61,16 @@ class SmallRowLinear:
             return cpu_kernels.small_gemm(x, self._packed(w), b, w.shape[0])
         return torch.ops.mkldnn._linear_pointwise(x, self._packed(w), b, "none", [], "")
 
+    def silu_gated(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """silu(gate) * up of the fused gate/up linear (w: gate rows, then as many up rows) in
+        one kernel where the step takes AMX tiles (cpu_kernels.small_gemm_bf16_silu); None
+        elsewhere, and the caller runs the linear and then the product."""
+        if x.dtype != torch.float32 or x.dim() != 2 or w.dtype != torch.bfloat16:
+            return None
+        return cpu_kernels.small_gemm_bf16_silu(x, self._packed(w), self._float(b), w.shape[0] // 2)
+
     def _packed(self, w: torch.Tensor) -> torch.Tensor:
         entry = self.packed.get(id(w))
         if entry is None or entry[0] is not w:

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "silu.h"
 #include "vexp.h"
 
 #define PARALLEL_ROWS 16 /* fewer rows than this run on one thread (a decode step's norm: ~2 us) */
@@ -35,15 +36,6 @@ static void rms_row(const float *x, const float *w, float eps, float *y, int64_t
                                               _mm512_loadu_ps(w + i)));
     const __m512 xt = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), vinv);
     _mm512_mask_storeu_ps(y + i, tail, _mm512_mul_ps(xt, _mm512_maskz_loadu_ps(tail, w + i)));
-}
-
-static inline __m512 silu_mul16(__m512 g, __m512 u) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 num = _mm512_mask_blend_ps(neg, one, e); /* g < 0: e / (1 + e) */
-    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
-    return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
 }
 
 static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {

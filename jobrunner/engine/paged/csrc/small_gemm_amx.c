@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "amx.h"
+#include "silu.h"
 
 #ifdef JR_AMX
 
@@ -83,6 +84,13 @@ static void to_tiles(const float *x, int64_t ldx, uint16_t *a, int64_t rows, int
         }
 }
 
+/* The biases of panels p0..p1-1 (zero past N, or without a bias), NR to a panel. */
+static void panel_bias(const float *bias, int64_t N, int64_t p0, int64_t p1, float b[][NR]) {
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t j = 0; j < NR; j++)
+            b[p - p0][j] = bias && p * NR + j < N ? bias[p * NR + j] : 0.0f;
+}
+
 /* Panels p0..p1-1 against every row: the block's weights stay in L2 as the rows pass. The
  * hardware's prefetcher follows the panels (contiguous): requesting the next block into L2 by
  * hand made every step slower (16 rows, weights from memory, 2 threads: 18.7 -> 22.0 GB/s of
@@ -92,9 +100,7 @@ static void column_block(const uint16_t *a, const uint16_t *w, const float *bias
     const int64_t K2 = K / 2, panel = K2 * NR * 2; /* bfloat16 values a panel */
     float scratch[32 * NR] __attribute__((aligned(64)));
     float b[NB][NR] __attribute__((aligned(64)));
-    for (int64_t p = p0; p < p1; p++)
-        for (int64_t j = 0; j < NR; j++)
-            b[p - p0][j] = bias && p * NR + j < N ? bias[p * NR + j] : 0.0f;
+    panel_bias(bias, N, p0, p1, b);
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
@@ -110,16 +116,49 @@ static void column_block(const uint16_t *a, const uint16_t *w, const float *bias
     }
 }
 
-int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int threads) {
+/* The same for a fused gate/up weight (N = 2n columns, gate then up, n a multiple of NR):
+ * gate panels p0..p1-1 and their up panels (n / NR further) into two scratch blocks that stay
+ * in L1, and silu(gate) * up stored to y (M x n), as silu_mul (act_norm.c) computes it from
+ * the stored linear: the gate/up outputs, twice the size of y, are never written out. */
+static void column_block_silu(const uint16_t *a, const uint16_t *w, const float *bias, float *y,
+                              int64_t M, int64_t n, int64_t K, int64_t p0, int64_t p1) {
+    const int64_t K2 = K / 2, panel = K2 * NR * 2, up = n / NR;
+    float g[32 * NR] __attribute__((aligned(64))), u[32 * NR] __attribute__((aligned(64)));
+    float bg[NB][NR] __attribute__((aligned(64))), bu[NB][NR] __attribute__((aligned(64)));
+    panel_bias(bias, 2 * n, p0, p1, bg);
+    panel_bias(bias, 2 * n, p0 + up, p1 + up, bu);
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        const int64_t r = M - m0 < 32 ? M - m0 : 32;
+        const int two = r > 16;
+        for (int64_t p = p0; p < p1; p++) {
+            block(a + m0 * K, K, w + p * panel, K2, bg[p - p0], g, NR * 4, two);
+            block(a + m0 * K, K, w + (p + up) * panel, K2, bu[p - p0], u, NR * 4, two);
+            for (int64_t i = 0; i < r; i++) {
+                float *dst = y + (m0 + i) * n + p * NR;
+                for (int64_t j = 0; j < NR; j += 16)
+                    _mm512_storeu_ps(dst + j, silu_mul16(_mm512_load_ps(g + i * NR + j),
+                                                         _mm512_load_ps(u + i * NR + j)));
+            }
+        }
+    }
+}
+
+/* x rounded to A tiles by every thread, then `panels` panels shared out in column blocks;
+ * silu: the fused gate/up product (column_block_silu) over N / 2 gate panels, else the plain
+ * linear. */
+static int run(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
+               int64_t M, int64_t N, int64_t K, int threads, int silu) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
-    const int64_t row_blocks = (M + 15) / 16, panels = (N + NR - 1) / NR;
+    const int64_t row_blocks = (M + 15) / 16;
+    const int64_t panels = silu ? N / 2 / NR : (N + NR - 1) / NR;
+    const int64_t per_block = silu ? NB / 2 : NB; /* a gate panel brings its up panel */
     uint16_t *a = aligned_alloc(64, (size_t)(row_blocks * 16) * (size_t)K * 2);
     if (!a) return 1;
     /* rows that fit L2 as tiles stay there while each panel passes once (a panel a block);
      * more rows pass over blocks of up to NB panels held in L2 instead, as many blocks to
      * each thread (18 panels on 2 threads: 5 + 5 and 5 + 3, not 8 + 8 and 2) */
-    const int64_t t = threads < 1 ? 1 : threads, per_thread = (panels + t * NB - 1) / (t * NB);
+    const int64_t t = threads < 1 ? 1 : threads;
+    const int64_t per_thread = (panels + t * per_block - 1) / (t * per_block);
     const int64_t nb =
         M * K * 2 <= L2_ROWS_BYTES ? 1 : (panels + t * per_thread - 1) / (t * per_thread);
     const int64_t col_blocks = (panels + nb - 1) / nb;
@@ -134,12 +173,27 @@ int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *
 #pragma omp for schedule(static)
         for (int64_t cb = 0; cb < col_blocks; cb++) {
             const int64_t p0 = cb * nb, p1 = p0 + nb < panels ? p0 + nb : panels;
-            column_block(a, w, bias, y, M, N, K, p0, p1);
+            if (silu)
+                column_block_silu(a, w, bias, y, M, N / 2, K, p0, p1);
+            else
+                column_block(a, w, bias, y, M, N, K, p0, p1);
         }
         _tile_release();
     }
     free(a);
     return 0;
+}
+
+int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
+                   int64_t M, int64_t N, int64_t K, int threads) {
+    return run(x, ldx, w, bias, y, M, N, K, threads, 0);
+}
+
+/* y (M x N/2) = silu(gate) * up of the fused gate/up linear (N columns: gate, then up), N/2 a
+ * multiple of 32; small_gemm_bf16_silu() checks that and K first. */
+int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                        float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    return run(x, ldx, w, bias, y, M, N, K, threads, 1);
 }
 
 #else
@@ -148,6 +202,11 @@ int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *
                    int64_t M, int64_t N, int64_t K, int threads) {
     (void)x, (void)ldx, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K, (void)threads;
     return 2; /* not built: small_gemm_bf16() checks amx_ready() first */
+}
+
+int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                        float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    return small_gemm_amx(x, ldx, w, bias, y, M, N, K, threads);
 }
 
 #endif

@@ -32,6 +32,8 @@ int small_gemm_bf16_panel(void) { return NR; }
 
 int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int threads);
+int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                        float *y, int64_t M, int64_t N, int64_t K, int threads);
 
 /* Rows from which a step takes the AMX tiles where they are granted; 0: never. Measured on a
  * 2-core Sapphire Rapids (docs/performance.md); cpu_kernels.py may set it. */
@@ -41,6 +43,16 @@ static int64_t amx_rows = 16;
 int64_t small_gemm_bf16_amx_rows(int64_t rows) {
     if (rows >= 0) amx_rows = rows;
     return amx_ready() ? amx_rows : 0;
+}
+
+/* y (M x N/2) = silu(gate) * up of a fused gate/up linear (N columns, gate then up), in one
+ * pass, where the step takes the AMX tiles (and N/2 is a multiple of 32, K of 32); 3 where it
+ * does not, and the caller runs the linear and then silu_mul (act_norm.c). */
+int small_gemm_bf16_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                         float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && N % (2 * NR) == 0 && amx_ready())
+        return small_gemm_amx_silu(x, ldx, w, bias, y, M, N, K, threads);
+    return 3;
 }
 
 #if defined(JR_AVX512) && defined(__AVX512BF16__)
