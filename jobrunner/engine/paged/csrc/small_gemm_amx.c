@@ -18,6 +18,14 @@
  * through L2 evicted the rows; blocks of 8 panels held in L2, 1.55. With the rounding shared
  * by both threads: 64 rows 17.1 -> 13.7 ms, 1,024 rows 165 -> 115 (docs/performance.md).
  * Where Linux does not grant the tiles (amx.c), or the build lacks AMX, the vdpbf16ps path runs.
+ *
+ * A SiLU-gated MLP's fused gate/up weight can instead store silu(gate) * up (small_gemm_amx_silu):
+ * per row block, a gate panel and its up panel into two 32 x 32 blocks that stay in L1, then
+ * the product (silu.h, as act_norm.c's silu_mul computes it) to y. The float32 outputs are
+ * what this kernel pays most for beyond its tile products (one core, SmolLM2's linears at 512
+ * to 4,096 rows: 0.8-1.0 TFLOP/s with them stored, 1.1-1.4 without; the microkernel alone on
+ * operands in L1 and L2, 1.7-2.45), and this never writes the projection, twice y's size: (b)'s
+ * prefill 15.5 -> 14.6 s of CPU (docs/performance.md).
  */
 #include <stdint.h>
 #include <stdlib.h>
