@@ -69,6 +69,8 @@ class SmallRowLinear:
         elsewhere, and the caller runs the linear and then the product."""
         if x.dtype != torch.float32 or x.dim() != 2 or w.dtype != torch.bfloat16:
             return None
+        if not 0 < cpu_kernels.amx_rows() <= x.shape[0]:  # no AMX step: no output to allocate
+            return None
         return cpu_kernels.small_gemm_bf16_silu(x, self._packed(w), self._float(b), w.shape[0] // 2)
 
     def _packed(self, w: torch.Tensor) -> torch.Tensor:

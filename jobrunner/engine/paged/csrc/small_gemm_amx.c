@@ -201,6 +201,7 @@ int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *
  * multiple of 32; small_gemm_bf16_silu() checks that and K first. */
 int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
                         float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    if (N % (2 * NR) != 0 || K % 32 != 0) return 3; /* not this kernel's shape */
     return run(x, ldx, w, bias, y, M, N, K, threads, 1);
 }
 
