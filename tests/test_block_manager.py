@@ -89,7 +89,8 @@ def test_eviction_order_is_lru_and_uncached_blocks_go_first():
 
 def test_freed_blocks_are_reused_before_untouched_ones():
     """Rows that come and go reuse the same blocks: the cache's touched part (0..high_water-1,
-    whose pages the KV cache faults in ahead) stays the size of the rows alive at once."""
+    each page of it faulted in at its first write on CPU) stays the size of the rows alive at
+    once."""
     bm = BlockManager(num_blocks=100, block_size=4, enable_prefix_caching=False)
     for i in range(50):
         s = make_seq(list(range(i, i + 10)))

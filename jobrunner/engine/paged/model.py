@@ -195,7 +195,7 @@ class PagedCausalLM:
     def _silu_gated(self, fused: Fused | None, mods: list[nn.Module], x: torch.Tensor):
         """silu(gate) * up straight from the fused gate/up weight where the small-row linears
         have a kernel for it and this step takes it (SmallRowLinear.silu_gated); else None."""
-        if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
+        if not _current(fused, mods):
             return None
         gated = getattr(self.small_rows, "silu_gated", None)
         if gated is None or fused[3][0] != fused[3][1]:
@@ -252,9 +252,12 @@ def _fuse(mods: list[nn.Module]) -> Fused | None:
 def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor, linear=F.linear):
     """The fused projection (outputs side by side), or None when the modules changed since
     fusing."""
-    if fused is None or any(a is not b for a, b in zip(fused[0], mods, strict=True)):
-        return None
-    return linear(x, fused[1], fused[2])
+    return linear(x, fused[1], fused[2]) if _current(fused, mods) else None
+
+
+def _current(fused: Fused | None, mods: list[nn.Module]) -> bool:
+    """Whether the fused weight still stands for these modules (none swapped since fusing)."""
+    return fused is not None and all(a is b for a, b in zip(fused[0], mods, strict=True))
 
 
 def _never() -> bool:
