@@ -86,6 +86,14 @@ def instrument(eng, parts: Parts) -> None:
         parts.flops[parts.kind][part] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
         return out
 
+    def rounded(x, weight, bias=None):  # rows rounded to bfloat16 where they were made
+        t0 = time.process_time()
+        out = small_rows.rounded(x, weight, bias)
+        part = "lm_head" if weight.shape[0] == vocab else "linears"
+        parts.seconds[parts.kind][part] += time.process_time() - t0
+        parts.flops[parts.kind][part] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
+        return out
+
     def silu_gated(x, weight, bias=None):  # gate/up with SiLU x up inside: counted as linears
         t0 = time.process_time()
         out = small_rows.silu_gated(x, weight, bias)
@@ -97,7 +105,7 @@ def instrument(eng, parts: Parts) -> None:
         return out
 
     if hasattr(small_rows, "silu_gated"):
-        linear.silu_gated = silu_gated
+        linear.silu_gated, linear.rounded = silu_gated, rounded
 
     def step(input_ids, positions, meta, kv_caches, logits_rows):
         parts.kind = "decode" if input_ids.shape[0] == logits_rows.shape[0] else "prefill"

@@ -99,6 +99,35 @@ def test_bfloat16_tokens_are_closer_to_float32_than_hf_bfloat16s(models, prompts
     assert sum(o[0] == r[0] for o, r in zip(ours, reference, strict=True)) >= len(prompts) - 1
 
 
+def test_rows_rounded_where_they_are_made_give_the_same_logprobs_bit_for_bit(
+    models, prompts, amx, monkeypatch
+):
+    """On AMX tiles the norms before q/k/v and gate/up, and the fused gate/up product, hand
+    their linears bfloat16 rows (read in place) instead of float32 rows each linear rounds:
+    every token and log-probability is the same to the bit as with that rounding turned off,
+    prompts of one step and of several, with the switch on and off."""
+    from jobrunner.engine.paged import PagedEngine
+    from jobrunner.engine.paged.small_linear import SmallRowLinear
+
+    rounded = []
+    real = SmallRowLinear.rounded
+    monkeypatch.setattr(
+        SmallRowLinear, "rounded", lambda self, x, *a: rounded.append(len(x)) or real(self, x, *a)
+    )
+    cfg = JobConfig()
+    cfg.engine.kv_cache_bytes = 64 << 20
+    cfg.engine.max_batch_tokens = 96  # the longer prompts span steps
+    params = SamplingParams(max_new_tokens=6, logprobs=True, top_logprobs=3)
+    runs = []
+    for rounds in (True, False):
+        engine = PagedEngine(models[1], cfg)
+        engine.model.rounds_rows = rounds and engine.model.rounds_rows
+        reqs = [Request(str(i), ids, params) for i, ids in enumerate(prompts)]
+        runs.append({r.id: (r.token_ids, r.choices[0].logprobs) for r in engine.generate(reqs)})
+    assert runs[0] == runs[1]
+    assert bool(rounded) == (amx == "on")  # the rows were rounded where made exactly when on AMX
+
+
 def test_without_the_kernel_a_bfloat16_model_computes_in_bfloat16(models, monkeypatch):
     from jobrunner.engine.paged.model import PagedCausalLM
 

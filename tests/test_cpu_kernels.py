@@ -282,7 +282,28 @@ def test_fused_gate_up_silu_gives_the_linear_then_the_product_bit_for_bit(bf16_p
                 assert got is None
                 continue
             want = cpu_kernels.silu_mul(cpu_kernels.small_gemm_bf16(x, packed, bias, 2 * n))
-            assert torch.equal(got, want), (rows, bias is None)
+            assert got.dtype == torch.bfloat16  # the down projection's rows
+            assert torch.equal(got, want.to(torch.bfloat16)), (rows, bias is None)
+            rounded = cpu_kernels.small_gemm_bf16_silu(x.to(torch.bfloat16), packed, bias, n)
+            assert torch.equal(rounded, got), (rows, bias is None)
+
+
+@pytest.mark.parametrize("n,k", [(100, 64), (577, 1536), (33, 32), (40, 70)])
+def test_bfloat16_rows_give_the_bits_of_the_float32_rows_they_were_rounded_from(bf16_path, n, k):
+    """A linear handed bfloat16 rows (a norm or the gate/up product rounded them as they were
+    made) returns exactly what it returns for the float32 rows: read in place on AMX tiles,
+    the last rows of a 32-row block from a padded copy (nothing past the tensor is read),
+    widened elsewhere; strided rows, row counts around the 16- and 32-row blocks."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g)
+    packed = cpu_kernels.pack_gemm_weight_bf16(w)
+    for rows in (1, 15, 16, 17, 31, 32, 33, 47, 300, 1000):
+        x = torch.randn(rows, 2 * k, generator=g)[:, :k].to(torch.bfloat16)
+        for bias in (b, None):
+            want = cpu_kernels.small_gemm_bf16(x.float(), packed, bias, n)
+            got = cpu_kernels.small_gemm_bf16(x, packed, bias, n)
+            assert got.dtype == torch.float32 and torch.equal(got, want), (rows, bias is None)
 
 
 @needs_kernels
@@ -342,6 +363,19 @@ def test_rms_norm_matches_torch_on_strided_rows(d, rows):
     got = cpu_kernels.rms_norm(x, w, 1e-5)
     want = torch.nn.functional.rms_norm(x, (d,), w, 1e-5)
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("d", [576, 40, 7])
+def test_rms_norm_rounded_to_bfloat16_is_the_float32_norm_rounded(d):
+    """The norm's bfloat16 rows (for a linear that reads them in place) are its float32 rows
+    rounded to nearest even, bit for bit, with or without the kernel's own rounding."""
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(40, d + 9, generator=g) * 3)[:, :d]
+    w = torch.randn(d, generator=g)
+    got = cpu_kernels.rms_norm(x, w, 1e-5, torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, cpu_kernels.rms_norm(x, w, 1e-5).to(torch.bfloat16))
 
 
 @needs_kernels

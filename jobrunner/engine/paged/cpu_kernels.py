@@ -75,6 +75,8 @@ def load() -> ctypes.CDLL | None:
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [_ptr, _i64, _ptr, ctypes.c_float, _ptr, _i64, _i64, ctypes.c_int]
+    lib.rms_norm_bf16.restype = ctypes.c_int
+    lib.rms_norm_bf16.argtypes = lib.rms_norm.argtypes
     lib.silu_mul.restype = None
     lib.silu_mul.argtypes = [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_int]
     lib.small_gemm_fast.restype = ctypes.c_int
@@ -88,7 +90,10 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_bf16.restype = ctypes.c_int
     lib.small_gemm_bf16.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_silu.restype = ctypes.c_int
-    lib.small_gemm_bf16_silu.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
+    lib.small_gemm_bf16_silu.argtypes = [_ptr, _i64, ctypes.c_int, _ptr, _ptr, _ptr]
+    lib.small_gemm_bf16_silu.argtypes += [_i64] * 3 + [ctypes.c_int]
+    lib.small_gemm_bf16_rows.restype = ctypes.c_int
+    lib.small_gemm_bf16_rows.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_panel.restype = ctypes.c_int
     lib.small_gemm_bf16_panel.argtypes = []
     lib.small_gemm_bf16_amx_rows.restype = _i64
@@ -357,54 +362,69 @@ def pack_gemm_weight_bf16(w: torch.Tensor) -> torch.Tensor:
 
 
 def small_gemm_bf16(
-    x: torch.Tensor,  # (M, K) float32, any row stride
+    x: torch.Tensor,  # (M, K) float32, or bfloat16 rows already rounded; any row stride
     packed: torch.Tensor,  # pack_gemm_weight_bf16(w)
     bias: torch.Tensor | None,  # (N,) float32
     n: int,
 ) -> torch.Tensor:  # (M, N) float32
-    """x @ w.T + bias with bfloat16 weights: x rounded to bfloat16, float32 accumulation."""
+    """x @ w.T + bias with bfloat16 weights: x rounded to bfloat16, float32 accumulation.
+    bfloat16 x is taken as the float32 rows it was rounded from would be (the same bits): read
+    in place where the step takes the AMX tiles, else widened first."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape
-    dtypes = {x.dtype} | ({bias.dtype} if bias is not None else set())
-    if packed.dtype != torch.bfloat16 or packed.shape[1] != -(-k // 2) or dtypes != {torch.float32}:
-        raise ValueError(
-            f"small_gemm_bf16: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)}"
-        )
-    y = x.new_empty(m, n)
+    _check_bf16_linear("small_gemm_bf16", x, packed, bias, k)
+    y = x.new_empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.contiguous()
-    rc = load().small_gemm_bf16(
-        x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
-        y.data_ptr(), m, n, k, torch.get_num_threads(),
-    )  # fmt: skip
-    if rc != 0:
-        raise MemoryError("small_gemm_bf16: out of memory for the bfloat16 rows")
-    return y
+    args = (packed.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k)
+    lib, threads = load(), torch.get_num_threads()
+    if x.dtype == torch.bfloat16:
+        rc = lib.small_gemm_bf16_rows(x.data_ptr(), x.stride(0), *args, threads)
+        if rc != 3:
+            return _checked(rc, y, "small_gemm_bf16")
+        x = x.float()  # exact: the kernel rounds it back to the same bits
+    rc = lib.small_gemm_bf16(x.data_ptr(), x.stride(0), *args, threads)
+    return _checked(rc, y, "small_gemm_bf16")
 
 
 def small_gemm_bf16_silu(
-    x: torch.Tensor,  # (M, K) float32, any row stride
+    x: torch.Tensor,  # (M, K) float32, or bfloat16 rows already rounded; any row stride
     packed: torch.Tensor,  # pack_gemm_weight_bf16(w) of a fused gate/up weight (2n, K)
     bias: torch.Tensor | None,  # (2n,) float32
     n: int,
-) -> torch.Tensor | None:  # (M, n) float32
-    """silu(x Wg^T + bg) * (x Wu^T + bu) in one pass where the step takes the AMX tiles: the
-    same bits as small_gemm_bf16 then silu_mul, without writing out the (M, 2n) projection.
-    None where it does not (few rows, no AMX, n or K not a multiple of 32): run those two."""
+) -> torch.Tensor | None:  # (M, n) bfloat16
+    """silu(x Wg^T + bg) * (x Wu^T + bu) in one pass where the step takes the AMX tiles, rounded
+    to bfloat16 for the down projection (which takes such rows in place): the same bits as
+    small_gemm_bf16 then silu_mul, then that rounding, without writing out the (M, 2n)
+    projection. None where it does not (few rows, no AMX, n or K not a multiple of 32): run
+    those two."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape
-    if x.dtype != torch.float32 or packed.dtype != torch.bfloat16 or packed.shape[1] != k // 2:
+    if x.dtype not in (torch.float32, torch.bfloat16) or packed.dtype != torch.bfloat16:
         return None
-    y = x.new_empty(m, n)
+    if packed.shape[1] != k // 2:
+        return None
+    y = x.new_empty(m, n, dtype=torch.bfloat16)
     b = None if bias is None else bias.contiguous()
     rc = load().small_gemm_bf16_silu(
-        x.data_ptr(), x.stride(0), packed.data_ptr(), None if b is None else b.data_ptr(),
-        y.data_ptr(), m, 2 * n, k, torch.get_num_threads(),
+        x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), packed.data_ptr(),
+        None if b is None else b.data_ptr(), y.data_ptr(), m, 2 * n, k, torch.get_num_threads(),
     )  # fmt: skip
-    if rc == 1:
-        raise MemoryError("small_gemm_bf16_silu: out of memory for the bfloat16 rows")
-    return y if rc == 0 else None
+    return None if rc == 3 else _checked(rc, y, "small_gemm_bf16_silu")
+
+
+def _check_bf16_linear(name: str, x, packed, bias, k: int) -> None:
+    rows_ok = x.dtype in (torch.float32, torch.bfloat16)
+    bias_ok = bias is None or bias.dtype == torch.float32
+    if packed.dtype != torch.bfloat16 or packed.shape[1] != -(-k // 2) or not (rows_ok and bias_ok):
+        raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)}")
+
+
+def _checked(rc: int, y: torch.Tensor, name: str) -> torch.Tensor:
+    if rc != 0:
+        raise MemoryError(f"{name}: out of memory for the bfloat16 rows")
+    return y
 
 
 def rows_supported(x: torch.Tensor) -> bool:
@@ -418,17 +438,24 @@ def rows_supported(x: torch.Tensor) -> bool:
     )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight per row of x (T, D), in one pass."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight per row of x (T, D), in one pass; dtype bfloat16:
+    rounded to it on the way out (the rows a bfloat16-weight linear takes in place), where the
+    kernels have it (rms_norm_bf16_supported()), else after."""
     t, d = x.shape
     w = weight.contiguous()
     if w.dtype != torch.float32 or w.numel() != d:
         raise ValueError(f"rms_norm: weight {tuple(w.shape)} {w.dtype} for rows of {d}")
+    args = (x.data_ptr(), x.stride(0), w.data_ptr(), eps)
+    if dtype == torch.bfloat16:
+        y = x.new_empty(t, d, dtype=torch.bfloat16)
+        if load().rms_norm_bf16(*args, y.data_ptr(), t, d, torch.get_num_threads()) == 0:
+            return y
     y = x.new_empty(t, d)
-    load().rms_norm(
-        x.data_ptr(), x.stride(0), w.data_ptr(), eps, y.data_ptr(), t, d, torch.get_num_threads()
-    )
-    return y
+    load().rms_norm(*args, y.data_ptr(), t, d, torch.get_num_threads())
+    return y.to(dtype)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,9 @@ A bfloat16 model on a CPU with AVX-512 BF16 computes with float32 activations (`
 its linears multiply bfloat16 weights by rows rounded to bfloat16 with float32 accumulation
 (csrc/small_gemm_bf16.c), and the residual stream, norms, RoPE and attention queries stay
 float32, so every row kernel takes them and nothing is rounded between layers; the KV cache
-stays bfloat16. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in
+stays bfloat16. In steps that take the AMX tiles, the rows a linear would round are rounded
+where they are made instead (the norms before q/k/v and gate/up, the fused gate/up product
+before down): the same bits, half the bytes, no rounding pass in the linear. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in
 bfloat16 throughout, as HF does.
 """
 
@@ -43,18 +45,20 @@ def unsupported_reason(hf_model: Any, max_model_len: int) -> str | None:
 
 
 def rms_norm(
-    module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None
+    module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None, rounded: bool = False
 ) -> torch.Tensor:
     """HF's Llama/Qwen RMSNorm in one fused op, bit-identical to the module: normalised in
     float32, cast back, then scaled by the weight (`weight`: the module's, converted). Other
-    norm modules are called as they are."""
+    norm modules are called as they are. `rounded`: float32 rows may come back rounded to
+    bfloat16 for a bfloat16-weight linear (PagedCausalLM._rounds)."""
     eps = getattr(module, "variance_epsilon", None)
     weight = getattr(module, "weight", None) if weight is None else weight
     if eps is None or weight is None or type(module).__name__ not in RMS_NORMS:
         return module(x)
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         if weight.dim() == 1 and cpu_kernels.rows_supported(x):
-            return cpu_kernels.rms_norm(x, weight, eps)  # one pass, not six
+            out = torch.bfloat16 if rounded else torch.float32
+            return cpu_kernels.rms_norm(x, weight, eps, out)  # one pass, not six
         return F.rms_norm(x, weight.shape, weight, eps)
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
@@ -94,6 +98,7 @@ class PagedCausalLM:
         self.small_rows = SmallRowLinear() if SmallRowLinear.usable(hf_model) else F.linear
         self.act_dtype = torch.float32 if self._float_rows(hf_model) else self.dtype
         self.norm_weights = self._norm_weights(hf_model)  # module -> weight in act_dtype
+        self.rounds_rows = self.act_dtype != self.dtype  # float32 rows of bfloat16 linears
         self.cos, self.sin = self._rope_table(hf_model, max_model_len, self.act_dtype)
         self.rope_kernel = cpu_kernels.rope_supported(self.cos.dtype, self.cos.device)
         self.qkv = [
@@ -122,8 +127,18 @@ class PagedCausalLM:
         norms = [m for m in hf_model.model.modules() if type(m).__name__ in RMS_NORMS]
         return {m: m.weight.detach().to(self.act_dtype) for m in norms}
 
-    def _norm(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(module, x, self.norm_weights.get(module))
+    def _norm(self, module: nn.Module, x: torch.Tensor, rounded: bool = False) -> torch.Tensor:
+        return rms_norm(module, x, self.norm_weights.get(module), rounded)
+
+    def _rounds(self, fused: Fused | None, mods: list[nn.Module], rows: int) -> bool:
+        """Whether the norm before these fused linears hands them rows rounded to bfloat16:
+        float32 rows of bfloat16 linears, in a step of `rows` that takes the AMX tiles (which
+        read such rows in place; elsewhere they would only be widened again)."""
+        return self.rounds_rows and _current(fused, mods) and 0 < cpu_kernels.amx_rows() <= rows
+
+    def _rows_linear(self, x: torch.Tensor):
+        """The small-row linear for x: rows rounded to bfloat16 (_rounds) take its `rounded`."""
+        return self.small_rows.rounded if x.dtype != self.act_dtype else self.small_rows
 
     @staticmethod
     def _rope_table(hf_model: Any, max_len: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,19 +178,24 @@ class PagedCausalLM:
                 raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
             h += self._attention(i, layer, h, rope, meta, k_cache, v_cache)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
-                rows += self._mlp(i, layer.mlp, self._norm(layer.post_attention_layernorm, rows))
+                mlp = layer.mlp
+                rounded = self._rounds(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], len(rows))
+                rows += self._mlp(i, mlp, self._norm(layer.post_attention_layernorm, rows, rounded))
         return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
 
     def _linear(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A plain nn.Linear through the small-row path; other modules (quantized) as they are."""
-        return self.small_rows(x, m.weight, m.bias) if type(m) is nn.Linear else m(x)
+        """A plain nn.Linear through the small-row path; other modules (quantized) as they are,
+        on act_dtype rows."""
+        if type(m) is nn.Linear:
+            return self._rows_linear(x)(x, m.weight, m.bias)
+        return m(x.to(self.act_dtype))
 
     def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
         mods, silu = [mlp.gate_proj, mlp.up_proj], type(mlp.act_fn).__name__ in SILUS
         gated = self._silu_gated(self.gate_up[i], mods, x) if silu else None
         if gated is not None:  # gate/up and the product in one kernel
             return self._linear(mlp.down_proj, gated)
-        fused = _apply(self.gate_up[i], mods, x, self.small_rows)
+        fused = _apply(self.gate_up[i], mods, x, self._rows_linear(x))
         if fused is None:
             return mlp(x)
         gate, up = fused.split(self.gate_up[i][3], dim=-1)
@@ -204,10 +224,10 @@ class PagedCausalLM:
 
     def _attention(self, i, layer, h, rope, meta, k_cache, v_cache) -> torch.Tensor:
         attn, T = layer.self_attn, h.shape[0]
-        x = self._norm(layer.input_layernorm, h)
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
+        x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods, T))
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        fused = _apply(self.qkv[i], mods, x, self.small_rows)  # (T, (nh + 2 nkv) hd) or None
+        fused = _apply(self.qkv[i], mods, x, self._rows_linear(x))  # (T, (nh+2nkv) hd) or None
         if fused is not None and not hasattr(attn, "q_norm"):
             qkv = fused.view(T, nh + 2 * nkv, hd)
             qk = self._rotate(qkv[:, : nh + nkv], rope)  # q and k rotated in one pass

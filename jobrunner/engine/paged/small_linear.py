@@ -61,13 +61,23 @@ class SmallRowLinear:
             return cpu_kernels.small_gemm(x, self._packed(w), b, w.shape[0])
         return torch.ops.mkldnn._linear_pointwise(x, self._packed(w), b, "none", [], "")
 
+    def rounded(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """The float32 linear of bfloat16 rows x standing for float32 rows rounded where they
+        were made (model.PagedCausalLM._rounds): the same bits as this linear of those rows."""
+        if w.dtype == torch.bfloat16 and x.dim() == 2:
+            return cpu_kernels.small_gemm_bf16(x, self._packed(w), self._float(b), w.shape[0])
+        return self(x.float(), w, b)
+
     def silu_gated(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     ) -> torch.Tensor | None:
         """silu(gate) * up of the fused gate/up linear (w: gate rows, then as many up rows) in
-        one kernel where the step takes AMX tiles (cpu_kernels.small_gemm_bf16_silu); None
-        elsewhere, and the caller runs the linear and then the product."""
-        if x.dtype != torch.float32 or x.dim() != 2 or w.dtype != torch.bfloat16:
+        one kernel where the step takes AMX tiles (cpu_kernels.small_gemm_bf16_silu), as
+        bfloat16 rows for the down projection (`rounded`); None elsewhere, and the caller runs
+        the linear and then the product. x: float32 rows, or bfloat16 ones (`rounded`)."""
+        if x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 2:
+            return None
+        if w.dtype != torch.bfloat16:
             return None
         if not 0 < cpu_kernels.amx_rows() <= x.shape[0]:  # no AMX step: no output to allocate
             return None

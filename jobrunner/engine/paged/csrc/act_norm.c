@@ -19,7 +19,8 @@
 
 #if defined(JR_AVX512)
 
-static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
+/* 1 / sqrt(mean(x^2) + eps) of one row. */
+static inline float rms_inv(const float *x, float eps, int64_t D) {
     __m512 acc = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= D; i += 16) {
@@ -29,14 +30,37 @@ static void rms_row(const float *x, const float *w, float eps, float *y, int64_t
     const __mmask16 tail = (__mmask16)((1u << (D - i)) - 1);
     const __m512 vt = _mm512_maskz_loadu_ps(tail, x + i);
     acc = _mm512_fmadd_ps(vt, vt, acc);
-    const float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps);
-    const __m512 vinv = _mm512_set1_ps(inv);
+    return 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps);
+}
+
+static void rms_row(const float *x, const float *w, float eps, float *y, int64_t D) {
+    const __m512 vinv = _mm512_set1_ps(rms_inv(x, eps, D));
+    const __mmask16 tail = (__mmask16)((1u << (D % 16)) - 1);
+    int64_t i;
     for (i = 0; i + 16 <= D; i += 16)
         _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv),
                                               _mm512_loadu_ps(w + i)));
     const __m512 xt = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), vinv);
     _mm512_mask_storeu_ps(y + i, tail, _mm512_mul_ps(xt, _mm512_maskz_loadu_ps(tail, w + i)));
 }
+
+#if defined(__AVX512BF16__)
+#define NORM_BF16 1
+/* rms_row's values rounded to bfloat16 (to nearest even, as the linears round their rows). */
+static void rms_row_bf16(const float *x, const float *w, float eps, uint16_t *y, int64_t D) {
+    const __m512 vinv = _mm512_set1_ps(rms_inv(x, eps, D));
+    const __mmask16 tail = (__mmask16)((1u << (D % 16)) - 1);
+    int64_t i;
+    for (i = 0; i + 16 <= D; i += 16) {
+        const __m512 r = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv),
+                                       _mm512_loadu_ps(w + i));
+        _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(r));
+    }
+    const __m512 xt = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), vinv);
+    const __m512 r = _mm512_mul_ps(xt, _mm512_maskz_loadu_ps(tail, w + i));
+    _mm256_mask_storeu_epi16(y + i, tail, (__m256i)_mm512_cvtneps_pbh(r));
+}
+#endif
 
 static void silu_mul_row(const float *g, const float *u, float *y, int64_t n) {
     int64_t i = 0;
@@ -166,4 +190,20 @@ void silu_mul(const float *gu, int64_t ld, float *y, int64_t T, int64_t n, int t
 #pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static) \
     if (T >= PARALLEL_ROWS)
     for (int64_t t = 0; t < T; t++) silu_mul_row(gu + t * ld, gu + t * ld + n, y + t * n, n);
+}
+
+/* rms_norm() with y rounded to bfloat16, for rows a linear takes as bfloat16 (small_gemm_amx.c):
+ * the same bits as rms_norm() then its rounding. Returns 1 where the build has no AVX-512
+ * BF16 (the caller uses rms_norm()). */
+int rms_norm_bf16(const float *x, int64_t ld, const float *w, float eps, uint16_t *y, int64_t T,
+                  int64_t D, int threads) {
+#ifdef NORM_BF16
+#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static) \
+    if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) rms_row_bf16(x + t * ld, w, eps, y + t * D, D);
+    return 0;
+#else
+    (void)x, (void)ld, (void)w, (void)eps, (void)y, (void)T, (void)D, (void)threads;
+    return 1;
+#endif
 }

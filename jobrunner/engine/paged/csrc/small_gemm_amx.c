@@ -19,13 +19,19 @@
  * by both threads: 64 rows 17.1 -> 13.7 ms, 1,024 rows 165 -> 115 (docs/performance.md).
  * Where Linux does not grant the tiles (amx.c), or the build lacks AMX, the vdpbf16ps path runs.
  *
+ * x may instead come as bfloat16 rows, already rounded where they were computed (a norm
+ * writing them, act_norm.c's rms_norm_bf16; the fused gate/up product below): the tiles are
+ * then loaded from the rows in place, at their own stride, with no rounding pass, and the
+ * result is the same bits as for the float32 rows they were rounded from.
+ *
  * A SiLU-gated MLP's fused gate/up weight can instead store silu(gate) * up (small_gemm_amx_silu):
  * per row block, a gate panel and its up panel into two 32 x 32 blocks that stay in L1, then
  * the product (silu.h, as act_norm.c's silu_mul computes it) to y. The float32 outputs are
  * what this kernel pays most for beyond its tile products (one core, SmolLM2's linears at 512
  * to 4,096 rows: 0.8-1.0 TFLOP/s with them stored, 1.1-1.4 without; the microkernel alone on
  * operands in L1 and L2, 1.7-2.45), and this never writes the projection, twice y's size: (b)'s
- * prefill 15.5 -> 14.6 s of CPU (docs/performance.md).
+ * prefill 15.5 -> 14.6 s of CPU (docs/performance.md). It stores the product as bfloat16, the
+ * rows the down projection takes in place.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,23 +49,45 @@
 /* Tiles 0-3: C (16 rows of 16 float32), 4-5: A (16 rows of 32 bfloat16), 6-7: B (16 k pairs
  * of 16 columns). */
 
-/* One block of 32 rows (`two`, else 16) of A tiles a (K / 32 of them a row block, 1 KB each)
- * against panel w over K2 pairs, C from the 32 biases, stored to y (stride ldy bytes). */
-static void block(const uint16_t *a, int64_t K, const uint16_t *w, int64_t K2, const float *bias,
-                  float *y, int64_t ldy, int two) {
+/* The A operand: x rounded into tiles (to_tiles: 1 KB tiles end to end, 16 rows of 64 bytes,
+ * rows past M zero), or bfloat16 rows read in place at their own stride, the last 32-row block
+ * from a zero-padded copy (tail) so no tile reads past x. */
+typedef struct {
+    const uint16_t *a;
+    int64_t k;      /* elements from one k pair to the next within a tile row */
+    int64_t stride; /* bytes from one tile row to the next */
+    int64_t row;    /* elements from one row to the next (a row block: 16 of them) */
+    const uint16_t *tail; /* rows tail_m0.. padded to 32, stride `row`; NULL: none */
+    int64_t tail_m0;
+} AOperand;
+
+typedef struct {
+    int64_t k, stride, row;
+} ALayout;
+
+/* Row m0's A and its layout. */
+static inline const uint16_t *rows_at(const AOperand *A, int64_t m0, ALayout *al) {
+    *al = (ALayout){A->k, A->stride, A->row};
+    return A->tail && m0 >= A->tail_m0 ? A->tail + (m0 - A->tail_m0) * A->row : A->a + m0 * A->row;
+}
+
+/* One block of 32 rows (`two`, else 16) of A (laid out as al says) against panel w over K2
+ * pairs, C from the 32 biases, stored to y (stride ldy bytes). */
+static void block(const uint16_t *a, ALayout al, const uint16_t *w, int64_t K2,
+                  const float *bias, float *y, int64_t ldy, int two) {
     _tile_loadd(0, bias, 0);
     _tile_loadd(1, bias + 16, 0);
     if (two) {
-        const uint16_t *a1 = a + 16 * K; /* the second row block's tiles */
+        const uint16_t *a1 = a + 16 * al.row; /* the second row block's tiles */
         _tile_loadd(2, bias, 0);
         _tile_loadd(3, bias + 16, 0);
         for (int64_t k = 0; k < K2; k += 16) {
-            _tile_loadd(4, a + 32 * k, 64);
+            _tile_loadd(4, a + al.k * k, al.stride);
             _tile_loadd(6, w + k * NR * 2, NR * 4);
             _tile_loadd(7, w + k * NR * 2 + NR, NR * 4);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, a1 + 32 * k, 64);
+            _tile_loadd(5, a1 + al.k * k, al.stride);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
@@ -67,7 +95,7 @@ static void block(const uint16_t *a, int64_t K, const uint16_t *w, int64_t K2, c
         _tile_stored(3, (char *)y + 16 * ldy + 64, ldy);
     } else {
         for (int64_t k = 0; k < K2; k += 16) {
-            _tile_loadd(4, a + 32 * k, 64);
+            _tile_loadd(4, a + al.k * k, al.stride);
             _tile_loadd(6, w + k * NR * 2, NR * 4);
             _tile_loadd(7, w + k * NR * 2 + NR, NR * 4);
             _tile_dpbf16ps(0, 4, 6);
@@ -103,7 +131,7 @@ static void panel_bias(const float *bias, int64_t N, int64_t p0, int64_t p1, flo
  * hardware's prefetcher follows the panels (contiguous): requesting the next block into L2 by
  * hand made every step slower (16 rows, weights from memory, 2 threads: 18.7 -> 22.0 GB/s of
  * weights without it). */
-static void column_block(const uint16_t *a, const uint16_t *w, const float *bias, float *y,
+static void column_block(const AOperand *A, const uint16_t *w, const float *bias, float *y,
                          int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1) {
     const int64_t K2 = K / 2, panel = K2 * NR * 2; /* bfloat16 values a panel */
     float scratch[32 * NR] __attribute__((aligned(64)));
@@ -116,7 +144,9 @@ static void column_block(const uint16_t *a, const uint16_t *w, const float *bias
             const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
             const int direct = ncols == NR && r == (two ? 32 : 16);
             float *out = direct ? y + m0 * N + p * NR : scratch;
-            block(a + m0 * K, K, w + p * panel, K2, b[p - p0], out, direct ? N * 4 : NR * 4, two);
+            ALayout al;
+            const uint16_t *a = rows_at(A, m0, &al);
+            block(a, al, w + p * panel, K2, b[p - p0], out, direct ? N * 4 : NR * 4, two);
             if (!direct)
                 for (int64_t i = 0; i < r; i++)
                     memcpy(y + (m0 + i) * N + p * NR, scratch + i * NR, (size_t)ncols * 4);
@@ -126,10 +156,12 @@ static void column_block(const uint16_t *a, const uint16_t *w, const float *bias
 
 /* The same for a fused gate/up weight (N = 2n columns, gate then up, n a multiple of NR):
  * gate panels p0..p1-1 and their up panels (n / NR further) into two scratch blocks that stay
- * in L1, and silu(gate) * up stored to y (M x n), as silu_mul (act_norm.c) computes it from
- * the stored linear: the gate/up outputs, twice the size of y, are never written out. */
-static void column_block_silu(const uint16_t *a, const uint16_t *w, const float *bias, float *y,
-                              int64_t M, int64_t n, int64_t K, int64_t p0, int64_t p1) {
+ * in L1, and silu(gate) * up stored to y (M x n) rounded to bfloat16, the down projection's
+ * rows as it would round them; silu_mul (act_norm.c) computes the same product from the
+ * stored linear. The gate/up outputs, twice the size of y, are never written out. */
+static void column_block_silu(const AOperand *A, const uint16_t *w, const float *bias,
+                              uint16_t *y, int64_t M, int64_t n, int64_t K, int64_t p0,
+                              int64_t p1) {
     const int64_t K2 = K / 2, panel = K2 * NR * 2, up = n / NR;
     float g[32 * NR] __attribute__((aligned(64))), u[32 * NR] __attribute__((aligned(64)));
     float bg[NB][NR] __attribute__((aligned(64))), bu[NB][NR] __attribute__((aligned(64)));
@@ -138,30 +170,48 @@ static void column_block_silu(const uint16_t *a, const uint16_t *w, const float 
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
+        ALayout al;
+        const uint16_t *a = rows_at(A, m0, &al);
         for (int64_t p = p0; p < p1; p++) {
-            block(a + m0 * K, K, w + p * panel, K2, bg[p - p0], g, NR * 4, two);
-            block(a + m0 * K, K, w + (p + up) * panel, K2, bu[p - p0], u, NR * 4, two);
+            block(a, al, w + p * panel, K2, bg[p - p0], g, NR * 4, two);
+            block(a, al, w + (p + up) * panel, K2, bu[p - p0], u, NR * 4, two);
             for (int64_t i = 0; i < r; i++) {
-                float *dst = y + (m0 + i) * n + p * NR;
-                for (int64_t j = 0; j < NR; j += 16)
-                    _mm512_storeu_ps(dst + j, silu_mul16(_mm512_load_ps(g + i * NR + j),
-                                                         _mm512_load_ps(u + i * NR + j)));
+                const float *gi = g + i * NR, *ui = u + i * NR;
+                const __m512 lo = silu_mul16(_mm512_load_ps(gi), _mm512_load_ps(ui));
+                const __m512 hi = silu_mul16(_mm512_load_ps(gi + 16), _mm512_load_ps(ui + 16));
+                const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+                _mm512_storeu_si512(y + (m0 + i) * n + p * NR, pair);
             }
         }
     }
 }
 
-/* x rounded to A tiles by every thread, then `panels` panels shared out in column blocks;
- * silu: the fused gate/up product (column_block_silu) over N / 2 gate panels, else the plain
- * linear. */
-static int run(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
-               int64_t M, int64_t N, int64_t K, int threads, int silu) {
+/* The A operand of x: float32 rows rounded to tiles by every thread into `a` (row_blocks x 16
+ * rows), or bfloat16 rows in place, the last 32-row block copied once, zero-padded, to `a`. */
+static AOperand a_operand(const void *x, int64_t ldx, int x_bf16, uint16_t *a, int64_t M,
+                          int64_t K) {
+    if (!x_bf16) return (AOperand){a, 32, 64, K, NULL, 0};
+    const int64_t m0 = (M - 1) / 32 * 32; /* the last block's first row */
+    const uint16_t *xb = x;
+    if (M - m0 == 32) return (AOperand){xb, 2, ldx * 2, ldx, NULL, 0};
+    memset(a, 0, (size_t)(32 * ldx) * 2);
+    for (int64_t i = m0; i < M; i++) memcpy(a + (i - m0) * ldx, xb + i * ldx, (size_t)K * 2);
+    return (AOperand){xb, 2, ldx * 2, ldx, a, m0};
+}
+
+/* x's A operand, then `panels` panels shared out in column blocks; silu: the fused gate/up
+ * product (column_block_silu) over N / 2 gate panels to bfloat16 y, else the plain linear to
+ * float32 y. x: float32 (rounded to tiles first) or, x_bf16, bfloat16 rows. */
+static int run(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
+               void *y, int64_t M, int64_t N, int64_t K, int threads, int silu) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
     const int64_t row_blocks = (M + 15) / 16;
     const int64_t panels = silu ? N / 2 / NR : (N + NR - 1) / NR;
     const int64_t per_block = silu ? NB / 2 : NB; /* a gate panel brings its up panel */
-    uint16_t *a = aligned_alloc(64, (size_t)(row_blocks * 16) * (size_t)K * 2);
+    const size_t a_elems = x_bf16 ? (size_t)(32 * ldx) : (size_t)(row_blocks * 16) * (size_t)K;
+    uint16_t *a = aligned_alloc(64, a_elems * 2);
     if (!a) return 1;
+    const AOperand A = a_operand(x, ldx, x_bf16, a, M, K);
     /* rows that fit L2 as tiles stay there while each panel passes once (a panel a block);
      * more rows pass over blocks of up to NB panels held in L2 instead, as many blocks to
      * each thread (18 panels on 2 threads: 5 + 5 and 5 + 3, not 8 + 8 and 2) */
@@ -172,19 +222,22 @@ static int run(const float *x, int64_t ldx, const uint16_t *w, const float *bias
     const int64_t col_blocks = (panels + nb - 1) / nb;
 #pragma omp parallel num_threads(t)
     {
+        if (!x_bf16) {
+            const float *xf = x;
 #pragma omp for schedule(static)
-        for (int64_t mb = 0; mb < row_blocks; mb++) {
-            const int64_t rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
-            to_tiles(x + mb * 16 * ldx, ldx, a + mb * 16 * K, rows, K);
+            for (int64_t mb = 0; mb < row_blocks; mb++) {
+                const int64_t rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
+                to_tiles(xf + mb * 16 * ldx, ldx, a + mb * 16 * K, rows, K);
+            }
         }
         amx_configure();
 #pragma omp for schedule(static)
         for (int64_t cb = 0; cb < col_blocks; cb++) {
             const int64_t p0 = cb * nb, p1 = p0 + nb < panels ? p0 + nb : panels;
             if (silu)
-                column_block_silu(a, w, bias, y, M, N / 2, K, p0, p1);
+                column_block_silu(&A, w, bias, y, M, N / 2, K, p0, p1);
             else
-                column_block(a, w, bias, y, M, N, K, p0, p1);
+                column_block(&A, w, bias, y, M, N, K, p0, p1);
         }
         _tile_release();
     }
@@ -192,30 +245,34 @@ static int run(const float *x, int64_t ldx, const uint16_t *w, const float *bias
     return 0;
 }
 
-int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int threads) {
-    return run(x, ldx, w, bias, y, M, N, K, threads, 0);
+/* y (M x N, float32) = x W^T + b; x float32 or, x_bf16, bfloat16 rows. */
+int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
+                   float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    return run(x, ldx, x_bf16, w, bias, y, M, N, K, threads, 0);
 }
 
-/* y (M x N/2) = silu(gate) * up of the fused gate/up linear (N columns: gate, then up), N/2 a
- * multiple of 32; small_gemm_bf16_silu() checks that and K first. */
-int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
-                        float *y, int64_t M, int64_t N, int64_t K, int threads) {
+/* y (M x N/2, bfloat16) = silu(gate) * up of the fused gate/up linear (N columns: gate, then
+ * up), N/2 a multiple of 32; small_gemm_bf16_silu() checks that and K first. */
+int small_gemm_amx_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                        const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
+                        int threads) {
     if (N % (2 * NR) != 0 || K % 32 != 0) return 3; /* not this kernel's shape */
-    return run(x, ldx, w, bias, y, M, N, K, threads, 1);
+    return run(x, ldx, x_bf16, w, bias, y, M, N, K, threads, 1);
 }
 
 #else
 
-int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int threads) {
-    (void)x, (void)ldx, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K, (void)threads;
+int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
+                   float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    (void)x, (void)ldx, (void)x_bf16, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K;
+    (void)threads;
     return 2; /* not built: small_gemm_bf16() checks amx_ready() first */
 }
 
-int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
-                        float *y, int64_t M, int64_t N, int64_t K, int threads) {
-    return small_gemm_amx(x, ldx, w, bias, y, M, N, K, threads);
+int small_gemm_amx_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                        const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
+                        int threads) {
+    return small_gemm_amx(x, ldx, x_bf16, w, bias, (float *)y, M, N, K, threads);
 }
 
 #endif

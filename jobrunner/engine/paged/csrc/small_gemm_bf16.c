@@ -30,10 +30,11 @@
 
 int small_gemm_bf16_panel(void) { return NR; }
 
-int small_gemm_amx(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int threads);
-int small_gemm_amx_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
-                        float *y, int64_t M, int64_t N, int64_t K, int threads);
+int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
+                   float *y, int64_t M, int64_t N, int64_t K, int threads);
+int small_gemm_amx_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                        const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
+                        int threads);
 
 /* Rows from which a step takes the AMX tiles where they are granted; 0: never. Measured on a
  * 2-core Sapphire Rapids (docs/performance.md); cpu_kernels.py may set it. */
@@ -45,13 +46,27 @@ int64_t small_gemm_bf16_amx_rows(int64_t rows) {
     return amx_ready() ? amx_rows : 0;
 }
 
-/* y (M x N/2) = silu(gate) * up of a fused gate/up linear (N columns, gate then up), in one
- * pass, where the step takes the AMX tiles (and N/2 is a multiple of 32, K of 32); 3 where it
- * does not, and the caller runs the linear and then silu_mul (act_norm.c). */
-int small_gemm_bf16_silu(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+static int takes_amx(int64_t M, int64_t K) {
+    return amx_rows > 0 && M >= amx_rows && K % 32 == 0 && amx_ready();
+}
+
+/* y (M x N/2, bfloat16) = silu(gate) * up of a fused gate/up linear (N columns, gate then up),
+ * in one pass, where the step takes the AMX tiles (and N/2 is a multiple of 32, K of 32); x:
+ * float32 or, x_bf16, bfloat16 rows. 3 where it does not, and the caller runs the linear and
+ * then silu_mul (act_norm.c). */
+int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                         const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
+                         int threads) {
+    if (takes_amx(M, K) && N % (2 * NR) == 0)
+        return small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
+    return 3;
+}
+
+/* small_gemm_bf16() for bfloat16 rows x, where the step takes the AMX tiles (which load them in
+ * place); 3 where it does not, and the caller widens them to float32 (exactly) and calls that. */
+int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, const float *bias,
                          float *y, int64_t M, int64_t N, int64_t K, int threads) {
-    if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && N % (2 * NR) == 0 && amx_ready())
-        return small_gemm_amx_silu(x, ldx, w, bias, y, M, N, K, threads);
+    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 1, w, bias, y, M, N, K, threads);
     return 3;
 }
 
@@ -177,8 +192,7 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 #define MC_BYTES (512 * 1024)
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
-    if (amx_rows > 0 && M >= amx_rows && K % 32 == 0 && amx_ready())
-        return small_gemm_amx(x, ldx, w, bias, y, M, N, K, threads);
+    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 0, w, bias, y, M, N, K, threads);
     const int64_t K2 = (K + 1) / 2;
     int64_t mc = MC_BYTES / 4 / (K2 > 0 ? K2 : 1);
     mc = mc < 8 * MR ? 8 * MR : mc - mc % MR;
