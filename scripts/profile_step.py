@@ -78,34 +78,30 @@ def instrument(eng, parts: Parts) -> None:
     m = eng.model
     vocab, small_rows, forward = m.hf.config.vocab_size, m.small_rows, m.forward
 
-    def linear(x, weight, bias=None):
-        t0 = time.process_time()
-        out = small_rows(x, weight, bias)
-        part = "lm_head" if weight.shape[0] == vocab else "linears"
-        parts.seconds[parts.kind][part] += time.process_time() - t0
-        parts.flops[parts.kind][part] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
-        return out
+    def timed_linear(fn, x_at: int = 0):
+        """fn(..., x, weight, bias) timed as lm_head or the linears, its FLOPs counted where it
+        ran (silu_gated declines steps off the AMX tiles: None)."""
 
-    def rounded(x, weight, bias=None):  # rows rounded to bfloat16 where they were made
-        t0 = time.process_time()
-        out = small_rows.rounded(x, weight, bias)
-        part = "lm_head" if weight.shape[0] == vocab else "linears"
-        parts.seconds[parts.kind][part] += time.process_time() - t0
-        parts.flops[parts.kind][part] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
-        return out
+        def wrapper(*a):
+            t0 = time.process_time()
+            out = fn(*a)
+            x, weight = a[x_at], a[x_at + 1]
+            part = "lm_head" if weight.shape[0] == vocab else "linears"
+            parts.seconds[parts.kind][part] += time.process_time() - t0
+            if out is not None or fn is small_rows_add:
+                parts.flops[parts.kind][part] += (
+                    2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
+                )
+            return out
 
-    def silu_gated(x, weight, bias=None):  # gate/up with SiLU x up inside: counted as linears
-        t0 = time.process_time()
-        out = small_rows.silu_gated(x, weight, bias)
-        parts.seconds[parts.kind]["linears"] += time.process_time() - t0
-        if out is not None:
-            parts.flops[parts.kind]["linears"] += (
-                2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
-            )
-        return out
+        return wrapper
 
-    if hasattr(small_rows, "silu_gated"):
-        linear.silu_gated, linear.rounded = silu_gated, rounded
+    small_rows_add = getattr(small_rows, "add_", None)
+    linear = timed_linear(small_rows)
+    if hasattr(small_rows, "silu_gated"):  # gate/up with SiLU x up inside: counted as linears
+        linear.silu_gated = timed_linear(small_rows.silu_gated)
+        linear.rounded = timed_linear(small_rows.rounded)  # rows rounded where they were made
+        linear.add_ = timed_linear(small_rows_add, x_at=1)  # y += the linear, in the kernel
 
     def step(input_ids, positions, meta, kv_caches, logits_rows):
         parts.kind = "decode" if input_ids.shape[0] == logits_rows.shape[0] else "prefill"

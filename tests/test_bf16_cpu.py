@@ -99,27 +99,36 @@ def test_bfloat16_tokens_are_closer_to_float32_than_hf_bfloat16s(models, prompts
     assert sum(o[0] == r[0] for o, r in zip(ours, reference, strict=True)) >= len(prompts) - 1
 
 
-def test_rows_rounded_where_they_are_made_give_the_same_logprobs_bit_for_bit(
+def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_bit(
     models, prompts, amx, monkeypatch
 ):
     """On AMX tiles the norms before q/k/v and gate/up, and the fused gate/up product, hand
-    their linears bfloat16 rows (read in place) instead of float32 rows each linear rounds:
-    every token and log-probability is the same to the bit as with that rounding turned off,
-    prompts of one step and of several, with the switch on and off."""
+    their linears bfloat16 rows (read in place) instead of float32 rows each linear rounds,
+    and o_proj and down add into the residual stream as they go: every token and
+    log-probability is the same to the bit as with the rounding off and each linear's output
+    written and then added, prompts of one step and of several, with the switch on and off."""
     from jobrunner.engine.paged import PagedEngine
     from jobrunner.engine.paged.small_linear import SmallRowLinear
 
-    rounded = []
-    real = SmallRowLinear.rounded
+    rounded, fused = [], [True]  # fused[0]: this run rounds where made and adds in the kernel
+    real, real_add = SmallRowLinear.rounded, SmallRowLinear.add_
     monkeypatch.setattr(
         SmallRowLinear, "rounded", lambda self, x, *a: rounded.append(len(x)) or real(self, x, *a)
     )
+
+    def add_(self, y, x, w, b):
+        if fused[0]:
+            return real_add(self, y, x, w, b)
+        y += self(x.float(), w, b)  # the linear written out, then added
+
+    monkeypatch.setattr(SmallRowLinear, "add_", add_)
     cfg = JobConfig()
     cfg.engine.kv_cache_bytes = 64 << 20
     cfg.engine.max_batch_tokens = 96  # the longer prompts span steps
     params = SamplingParams(max_new_tokens=6, logprobs=True, top_logprobs=3)
     runs = []
     for rounds in (True, False):
+        fused[0] = rounds
         engine = PagedEngine(models[1], cfg)
         engine.model.rounds_rows = rounds and engine.model.rounds_rows
         reqs = [Request(str(i), ids, params) for i, ids in enumerate(prompts)]

@@ -365,6 +365,34 @@ def test_rms_norm_matches_torch_on_strided_rows(d, rows):
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("n,k", [(100, 64), (576, 1536), (33, 32), (40, 70)])
+def test_a_linear_added_into_a_residual_in_place_gives_the_bits_of_the_add(bf16_path, n, k):
+    """y += x W^T + b added block by block in the AMX kernel equals the linear and then
+    `y += it` bit for bit, float32 and bfloat16 rows, y a strided view (a row tile of a wider
+    stream), with and without a bias, partial row blocks and panels; where the tiles do not
+    run (few rows, AMX off, K off the tiles) it declines and leaves y alone."""
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g)
+    packed = cpu_kernels.pack_gemm_weight_bf16(w)
+    for rows in (1, 15, 16, 17, 33, 300):
+        x = torch.randn(rows, k, generator=g)
+        for rows_dtype, bias in ((torch.float32, b), (torch.bfloat16, None)):
+            xr = x.to(rows_dtype)
+            stream = torch.randn(rows, n + 5, generator=g) * 4
+            y = stream[:, :n]
+            want = y + cpu_kernels.small_gemm_bf16(xr, packed, bias, n)
+            before = stream.clone()
+            added = cpu_kernels.small_gemm_bf16_add_(y, xr, packed, bias)
+            takes = bf16_path == "amx" and k % 32 == 0 and rows >= cpu_kernels.amx_rows()
+            assert added == takes, (rows, rows_dtype)
+            if added:
+                assert torch.equal(y, want), (rows, rows_dtype)
+                assert torch.equal(stream[:, n:], before[:, n:])  # nothing past the view
+            else:
+                assert torch.equal(stream, before)
+
+
 @needs_kernels
 @pytest.mark.parametrize("d", [576, 40, 7])
 def test_rms_norm_rounded_to_bfloat16_is_the_float32_norm_rounded(d):

@@ -92,6 +92,9 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_bf16_silu.restype = ctypes.c_int
     lib.small_gemm_bf16_silu.argtypes = [_ptr, _i64, ctypes.c_int, _ptr, _ptr, _ptr]
     lib.small_gemm_bf16_silu.argtypes += [_i64] * 3 + [ctypes.c_int]
+    lib.small_gemm_bf16_add.restype = ctypes.c_int
+    lib.small_gemm_bf16_add.argtypes = [_ptr, _i64, ctypes.c_int, _ptr, _ptr, _ptr, _i64]
+    lib.small_gemm_bf16_add.argtypes += [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_rows.restype = ctypes.c_int
     lib.small_gemm_bf16_rows.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_panel.restype = ctypes.c_int
@@ -412,6 +415,30 @@ def small_gemm_bf16_silu(
         None if b is None else b.data_ptr(), y.data_ptr(), m, 2 * n, k, torch.get_num_threads(),
     )  # fmt: skip
     return None if rc == 3 else _checked(rc, y, "small_gemm_bf16_silu")
+
+
+def small_gemm_bf16_add_(
+    y: torch.Tensor,  # (M, N) float32, unit column stride: updated in place
+    x: torch.Tensor,  # (M, K) float32, or bfloat16 rows already rounded; any row stride
+    packed: torch.Tensor,  # pack_gemm_weight_bf16(w)
+    bias: torch.Tensor | None,  # (N,) float32
+) -> bool:
+    """y += x @ w.T + bias where the step takes the AMX tiles, each block added into y as it is
+    made: the same bits as `y += small_gemm_bf16(...)`, without writing the linear out and
+    reading it back. False (y untouched) where it does not: the caller runs those two."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    (m, k), n = x.shape, y.shape[1]
+    _check_bf16_linear("small_gemm_bf16_add_", x, packed, bias, k)
+    if y.dtype != torch.float32 or y.stride(-1) != 1 or y.shape[0] != m:
+        return False
+    b = None if bias is None else bias.contiguous()
+    rc = load().small_gemm_bf16_add(
+        x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), packed.data_ptr(),
+        None if b is None else b.data_ptr(), y.data_ptr(), y.stride(0), m, n, k,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return rc != 3 and _checked(rc, y, "small_gemm_bf16_add_") is y
 
 
 def _check_bf16_linear(name: str, x, packed, bias, k: int) -> None:

@@ -10,7 +10,9 @@ its linears multiply bfloat16 weights by rows rounded to bfloat16 with float32 a
 float32, so every row kernel takes them and nothing is rounded between layers; the KV cache
 stays bfloat16. In steps that take the AMX tiles, the rows a linear would round are rounded
 where they are made instead (the norms before q/k/v and gate/up, the fused gate/up product
-before down): the same bits, half the bytes, no rounding pass in the linear. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in
+before down): the same bits, half the bytes, no rounding pass in the linear; and o_proj and
+down add into the residual stream as they make it (SmallRowLinear.add_), the same bits as the
+linear and then `h += it`. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in
 bfloat16 throughout, as HF does.
 """
 
@@ -176,11 +178,12 @@ class PagedCausalLM:
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if self.stopping():
                 raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
-            h += self._attention(i, layer, h, rope, meta, k_cache, v_cache)
+            o = self._attention(i, layer, h, rope, meta, k_cache, v_cache)
+            self._add_linear(h, layer.self_attn.o_proj, o)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
                 mlp = layer.mlp
                 rounded = self._rounds(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], len(rows))
-                rows += self._mlp(i, mlp, self._norm(layer.post_attention_layernorm, rows, rounded))
+                self._mlp(i, mlp, self._norm(layer.post_attention_layernorm, rows, rounded), rows)
         return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
 
     def _linear(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -190,21 +193,38 @@ class PagedCausalLM:
             return self._rows_linear(x)(x, m.weight, m.bias)
         return m(x.to(self.act_dtype))
 
-    def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
+    def _add_linear(self, out: torch.Tensor, m: nn.Module, x: torch.Tensor) -> None:
+        """out += m(x): a residual stream updated in place, where the small-row linears can
+        add as they go (SmallRowLinear.add_) without the linear's output written out first."""
+        add = getattr(self.small_rows, "add_", None)
+        if add is not None and type(m) is nn.Linear:
+            return add(out, x, m.weight, m.bias)
+        out += self._linear(m, x)
+
+    def _mlp(self, i: int, mlp, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out += the MLP of x."""
+        hidden = self._mlp_hidden(i, mlp, x)
+        if hidden is None:
+            out += mlp(x.to(self.act_dtype))
+        else:
+            self._add_linear(out, mlp.down_proj, hidden)
+
+    def _mlp_hidden(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor | None:
+        """The down projection's input, act(gate) * up; None where gate/up are no longer the
+        fused weight (swapped since), and the MLP module runs as it is."""
         mods, silu = [mlp.gate_proj, mlp.up_proj], type(mlp.act_fn).__name__ in SILUS
         gated = self._silu_gated(self.gate_up[i], mods, x) if silu else None
         if gated is not None:  # gate/up and the product in one kernel
-            return self._linear(mlp.down_proj, gated)
+            return gated
         fused = _apply(self.gate_up[i], mods, x, self._rows_linear(x))
         if fused is None:
-            return mlp(x)
+            return None
         gate, up = fused.split(self.gate_up[i][3], dim=-1)
         if silu:
             if gate.shape == up.shape and cpu_kernels.rows_supported(fused):
-                return self._linear(mlp.down_proj, cpu_kernels.silu_mul(fused))  # one pass
-            # in place: no extra (T, intermediate) tensors
-            return self._linear(mlp.down_proj, F.silu(gate, inplace=True).mul_(up))
-        return self._linear(mlp.down_proj, mlp.act_fn(gate) * up)
+                return cpu_kernels.silu_mul(fused)  # one pass
+            return F.silu(gate, inplace=True).mul_(up)  # in place: no extra (T, n) tensors
+        return mlp.act_fn(gate) * up
 
     def _rotate(self, x: torch.Tensor, rope) -> torch.Tensor:
         positions, cos, sin = rope
@@ -223,6 +243,7 @@ class PagedCausalLM:
         return gated(x, fused[1], fused[2])
 
     def _attention(self, i, layer, h, rope, meta, k_cache, v_cache) -> torch.Tensor:
+        """The layer's attention output (T, nh * hd), before o_proj."""
         attn, T = layer.self_attn, h.shape[0]
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
         x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods, T))
@@ -241,8 +262,7 @@ class PagedCausalLM:
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
             q, k = self._rotate(q.contiguous(), rope), self._rotate(k.contiguous(), rope)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh * hd)
-        return self._linear(attn.o_proj, o)
+        return paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh * hd)
 
 
 Fused = tuple[tuple[nn.Module, ...], torch.Tensor, torch.Tensor | None, list[int]]

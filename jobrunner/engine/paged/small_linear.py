@@ -68,6 +68,19 @@ class SmallRowLinear:
             return cpu_kernels.small_gemm_bf16(x, self._packed(w), self._float(b), w.shape[0])
         return self(x.float(), w, b)
 
+    def add_(
+        self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+    ) -> None:
+        """y += the linear of x (float32 rows, or bfloat16 ones: `rounded`), added block by
+        block as the AMX tiles make it where the step takes them (the same bits; nothing the
+        size of y written and read back), else the linear and then the add."""
+        rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
+        if w.dtype == torch.bfloat16 and rows_ok:
+            added = cpu_kernels.small_gemm_bf16_add_(y, x, self._packed(w), self._float(b))
+            if added:
+                return
+        y += self.rounded(x, w, b) if x.dtype == torch.bfloat16 else self(x, w, b)
+
     def silu_gated(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     ) -> torch.Tensor | None:

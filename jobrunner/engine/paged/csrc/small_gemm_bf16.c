@@ -31,7 +31,8 @@
 int small_gemm_bf16_panel(void) { return NR; }
 
 int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
-                   float *y, int64_t M, int64_t N, int64_t K, int threads);
+                   float *y, int64_t ldy, int add, int64_t M, int64_t N, int64_t K,
+                   int threads);
 int small_gemm_amx_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                         const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
                         int threads);
@@ -66,8 +67,19 @@ int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t 
  * place); 3 where it does not, and the caller widens them to float32 (exactly) and calls that. */
 int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, const float *bias,
                          float *y, int64_t M, int64_t N, int64_t K, int threads) {
-    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 1, w, bias, y, M, N, K, threads);
+    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
     return 3;
+}
+
+/* y (M x N, row stride ldy) += x W^T + b where the step takes the AMX tiles: each block's
+ * outputs added into y from L1 as they are made, the same bits as the linear then `y += it`,
+ * without writing the linear out or reading it back (a residual stream updated in place). x:
+ * float32 or, x_bf16, bfloat16 rows. 3 where it does not: the caller runs those two. */
+int small_gemm_bf16_add(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                        const float *bias, float *y, int64_t ldy, int64_t M, int64_t N,
+                        int64_t K, int threads) {
+    if (!takes_amx(M, K)) return 3;
+    return small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
 }
 
 #if defined(JR_AVX512) && defined(__AVX512BF16__)
@@ -192,7 +204,7 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 #define MC_BYTES (512 * 1024)
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
-    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 0, w, bias, y, M, N, K, threads);
+    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 0, w, bias, y, N, 0, M, N, K, threads);
     const int64_t K2 = (K + 1) / 2;
     int64_t mc = MC_BYTES / 4 / (K2 > 0 ? K2 : 1);
     mc = mc < 8 * MR ? 8 * MR : mc - mc % MR;
