@@ -111,7 +111,11 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
     from jobrunner.engine.paged.small_linear import SmallRowLinear
 
     rounded, fused = [], [True]  # fused[0]: this run rounds where made and adds in the kernel
-    real, real_add = SmallRowLinear.rounded, SmallRowLinear.add_
+    real, real_add, real_gated = (
+        SmallRowLinear.rounded,
+        SmallRowLinear.add_,
+        SmallRowLinear.silu_gated,
+    )
     monkeypatch.setattr(
         SmallRowLinear, "rounded", lambda self, x, *a: rounded.append(len(x)) or real(self, x, *a)
     )
@@ -122,6 +126,9 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
         y += self(x.float(), w, b)  # the linear written out, then added
 
     monkeypatch.setattr(SmallRowLinear, "add_", add_)
+    monkeypatch.setattr(  # off: the float32 product written out and rounded inside down
+        SmallRowLinear, "silu_gated", lambda self, *a: real_gated(self, *a) if fused[0] else None
+    )
     cfg = JobConfig()
     cfg.engine.kv_cache_bytes = 64 << 20
     cfg.engine.max_batch_tokens = 96  # the longer prompts span steps
@@ -135,6 +142,42 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
         runs.append({r.id: (r.token_ids, r.choices[0].logprobs) for r in engine.generate(reqs)})
     assert runs[0] == runs[1]
     assert bool(rounded) == (amx == "on")  # the rows were rounded where made exactly when on AMX
+
+
+def test_a_model_that_keeps_bfloat16_activations_runs_no_float32_accumulating_kernel(
+    models, prompts, amx, monkeypatch
+):
+    """A bfloat16 model with one linear that is not a plain nn.Linear (a quantizer's, or one
+    kept in 16-bit) computes in bfloat16 throughout, as HF does: none of its linears, residual
+    adds or gated products goes through our bfloat16-weight kernels, which accumulate and add
+    in float32."""
+    from jobrunner.engine.paged import PagedEngine
+
+    class Kept(torch.nn.Linear):  # what a quantizer leaves in place, or wraps
+        pass
+
+    hf = models[1].model
+    plain = hf.lm_head
+    head = Kept(plain.in_features, plain.out_features, bias=False)
+    head.weight = plain.weight
+    calls = []
+    for name in ("small_gemm_bf16", "small_gemm_bf16_silu", "small_gemm_bf16_add_"):
+        real = getattr(cpu_kernels, name)
+        monkeypatch.setattr(
+            cpu_kernels, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a)
+        )
+    cfg = JobConfig()
+    cfg.engine.kv_cache_bytes = 64 << 20
+    hf.lm_head = head  # a module attribute: set and put back by hand (not monkeypatch)
+    try:
+        engine = PagedEngine(models[1], cfg)
+        assert engine.model.act_dtype == torch.bfloat16
+        params = SamplingParams(max_new_tokens=4)
+        results = list(engine.generate([Request(str(i), p, params) for i, p in enumerate(prompts)]))
+    finally:
+        hf.lm_head = plain
+    assert len(results) == len(prompts) and not any(r.error for r in results)
+    assert calls == []
 
 
 def test_without_the_kernel_a_bfloat16_model_computes_in_bfloat16(models, monkeypatch):

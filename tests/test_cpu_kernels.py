@@ -304,6 +304,10 @@ def test_bfloat16_rows_give_the_bits_of_the_float32_rows_they_were_rounded_from(
             want = cpu_kernels.small_gemm_bf16(x.float(), packed, bias, n)
             got = cpu_kernels.small_gemm_bf16(x, packed, bias, n)
             assert got.dtype == torch.float32 and torch.equal(got, want), (rows, bias is None)
+    # one row repeated without a copy (row stride 0): the rows are copied out, not overrun
+    row = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    got = cpu_kernels.small_gemm_bf16(row.expand(33, k), packed, b, n)
+    assert torch.equal(got, cpu_kernels.small_gemm_bf16(row.float().expand(33, k), packed, b, n))
 
 
 @needs_kernels
@@ -383,7 +387,7 @@ def test_a_linear_added_into_a_residual_in_place_gives_the_bits_of_the_add(bf16_
             y = stream[:, :n]
             want = y + cpu_kernels.small_gemm_bf16(xr, packed, bias, n)
             before = stream.clone()
-            added = cpu_kernels.small_gemm_bf16_add_(y, xr, packed, bias)
+            added = cpu_kernels.small_gemm_bf16_add_(y, xr, packed, bias, n)
             takes = bf16_path == "amx" and k % 32 == 0 and rows >= cpu_kernels.amx_rows()
             assert added == takes, (rows, rows_dtype)
             if added:
@@ -391,13 +395,17 @@ def test_a_linear_added_into_a_residual_in_place_gives_the_bits_of_the_add(bf16_
                 assert torch.equal(stream[:, n:], before[:, n:])  # nothing past the view
             else:
                 assert torch.equal(stream, before)
+    with pytest.raises(ValueError):  # a stream wider than the weight's outputs
+        cpu_kernels.small_gemm_bf16_add_(torch.zeros(300, n + 64), x.float(), packed, None, n)
+    with pytest.raises(ValueError):  # a weight packed for other outputs than n
+        cpu_kernels.small_gemm_bf16_add_(torch.zeros(300, n + 64), x.float(), packed, None, n + 64)
 
 
 @needs_kernels
 @pytest.mark.parametrize("d", [576, 40, 7])
 def test_rms_norm_rounded_to_bfloat16_is_the_float32_norm_rounded(d):
     """The norm's bfloat16 rows (for a linear that reads them in place) are its float32 rows
-    rounded to nearest even, bit for bit, with or without the kernel's own rounding."""
+    rounded to nearest even, bit for bit (no subnormals here, which the kernels flush)."""
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(40, d + 9, generator=g) * 3)[:, :d]
     w = torch.randn(d, generator=g)

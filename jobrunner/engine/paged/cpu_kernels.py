@@ -373,10 +373,9 @@ def small_gemm_bf16(
     """x @ w.T + bias with bfloat16 weights: x rounded to bfloat16, float32 accumulation.
     bfloat16 x is taken as the float32 rows it was rounded from would be (the same bits): read
     in place where the step takes the AMX tiles, else widened first."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    x = _rows(x)
     m, k = x.shape
-    _check_bf16_linear("small_gemm_bf16", x, packed, bias, k)
+    _check_bf16_linear("small_gemm_bf16", x, packed, bias, k, n)
     y = x.new_empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.contiguous()
     args = (packed.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k)
@@ -401,8 +400,7 @@ def small_gemm_bf16_silu(
     small_gemm_bf16 then silu_mul, then that rounding, without writing out the (M, 2n)
     projection. None where it does not (few rows, no AMX, n or K not a multiple of 32): run
     those two."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    x = _rows(x)
     m, k = x.shape
     if x.dtype not in (torch.float32, torch.bfloat16) or packed.dtype != torch.bfloat16:
         return None
@@ -422,15 +420,17 @@ def small_gemm_bf16_add_(
     x: torch.Tensor,  # (M, K) float32, or bfloat16 rows already rounded; any row stride
     packed: torch.Tensor,  # pack_gemm_weight_bf16(w)
     bias: torch.Tensor | None,  # (N,) float32
+    n: int,
 ) -> bool:
     """y += x @ w.T + bias where the step takes the AMX tiles, each block added into y as it is
     made: the same bits as `y += small_gemm_bf16(...)`, without writing the linear out and
     reading it back. False (y untouched) where it does not: the caller runs those two."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    (m, k), n = x.shape, y.shape[1]
-    _check_bf16_linear("small_gemm_bf16_add_", x, packed, bias, k)
-    if y.dtype != torch.float32 or y.stride(-1) != 1 or y.shape[0] != m:
+    x = _rows(x)
+    m, k = x.shape
+    _check_bf16_linear("small_gemm_bf16_add_", x, packed, bias, k, n)
+    if tuple(y.shape) != (m, n):
+        raise ValueError(f"small_gemm_bf16_add_: y {tuple(y.shape)} for ({m}, {n})")
+    if y.dtype != torch.float32 or y.stride(-1) != 1:
         return False
     b = None if bias is None else bias.contiguous()
     rc = load().small_gemm_bf16_add(
@@ -441,11 +441,21 @@ def small_gemm_bf16_add_(
     return rc != 3 and _checked(rc, y, "small_gemm_bf16_add_") is y
 
 
-def _check_bf16_linear(name: str, x, packed, bias, k: int) -> None:
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x with unit column stride and rows that do not overlap (the kernels read each row's K
+    values at its row stride; an expanded tensor's rows are copied out)."""
+    return x if x.stride(-1) == 1 and x.stride(0) >= x.shape[1] else x.contiguous()
+
+
+def _check_bf16_linear(name: str, x, packed, bias, k: int, n: int) -> None:
     rows_ok = x.dtype in (torch.float32, torch.bfloat16)
-    bias_ok = bias is None or bias.dtype == torch.float32
-    if packed.dtype != torch.bfloat16 or packed.shape[1] != -(-k // 2) or not (rows_ok and bias_ok):
-        raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)}")
+    bias_ok = bias is None or (bias.dtype == torch.float32 and bias.numel() == n)
+    width = load().small_gemm_bf16_panel()
+    packed_ok = packed.shape[0] == -(-n // width) and packed.shape[1] == -(-k // 2)
+    if packed.dtype != torch.bfloat16 or not (packed_ok and rows_ok and bias_ok):
+        raise ValueError(
+            f"{name}: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)} for {n} outputs"
+        )
 
 
 def _checked(rc: int, y: torch.Tensor, name: str) -> torch.Tensor:
@@ -469,8 +479,9 @@ def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight per row of x (T, D), in one pass; dtype bfloat16:
-    rounded to it on the way out (the rows a bfloat16-weight linear takes in place), where the
-    kernels have it (rms_norm_bf16_supported()), else after."""
+    rounded to it on the way out as the linear kernels round their rows (to nearest even,
+    subnormals to zero: `vcvtneps2bf16`), the rows a bfloat16-weight linear takes in place;
+    without AVX-512 BF16 in the build, by torch after (which keeps subnormals)."""
     t, d = x.shape
     w = weight.contiguous()
     if w.dtype != torch.float32 or w.numel() != d:

@@ -197,9 +197,9 @@ class PagedCausalLM:
         """out += m(x): a residual stream updated in place, where the small-row linears can
         add as they go (SmallRowLinear.add_) without the linear's output written out first."""
         add = getattr(self.small_rows, "add_", None)
-        if add is not None and type(m) is nn.Linear:
+        if add is not None and type(m) is nn.Linear and self.act_dtype == torch.float32:
             return add(out, x, m.weight, m.bias)
-        out += self._linear(m, x)
+        out += self._linear(m, x)  # bfloat16 activations: as HF computes them
 
     def _mlp(self, i: int, mlp, x: torch.Tensor, out: torch.Tensor) -> None:
         """out += the MLP of x."""
@@ -213,7 +213,7 @@ class PagedCausalLM:
         """The down projection's input, act(gate) * up; None where gate/up are no longer the
         fused weight (swapped since), and the MLP module runs as it is."""
         mods, silu = [mlp.gate_proj, mlp.up_proj], type(mlp.act_fn).__name__ in SILUS
-        gated = self._silu_gated(self.gate_up[i], mods, x) if silu else None
+        gated = self._silu_gated(self.gate_up[i], mods, mlp.down_proj, x) if silu else None
         if gated is not None:  # gate/up and the product in one kernel
             return gated
         fused = _apply(self.gate_up[i], mods, x, self._rows_linear(x))
@@ -232,10 +232,13 @@ class PagedCausalLM:
             return cpu_kernels.rope_(x, self.cos, self.sin, positions)
         return x * cos + rotate_half(x) * sin
 
-    def _silu_gated(self, fused: Fused | None, mods: list[nn.Module], x: torch.Tensor):
+    def _silu_gated(self, fused: Fused | None, mods: list[nn.Module], down: nn.Module, x):
         """silu(gate) * up straight from the fused gate/up weight where the small-row linears
-        have a kernel for it and this step takes it (SmallRowLinear.silu_gated); else None."""
-        if not _current(fused, mods):
+        have a kernel for it and this step takes it (SmallRowLinear.silu_gated): bfloat16 rows
+        for a plain down projection of a model with float32 activations; else None."""
+        if not _current(fused, mods) or type(down) is not nn.Linear:
+            return None
+        if self.act_dtype != torch.float32:  # bfloat16 activations: as HF computes them
             return None
         gated = getattr(self.small_rows, "silu_gated", None)
         if gated is None or fused[3][0] != fused[3][1]:

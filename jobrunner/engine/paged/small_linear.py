@@ -75,8 +75,9 @@ class SmallRowLinear:
         block as the AMX tiles make it where the step takes them (the same bits; nothing the
         size of y written and read back), else the linear and then the add."""
         rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
-        if w.dtype == torch.bfloat16 and rows_ok:
-            added = cpu_kernels.small_gemm_bf16_add_(y, x, self._packed(w), self._float(b))
+        if w.dtype == torch.bfloat16 and rows_ok and y.dtype == torch.float32:
+            n = w.shape[0]
+            added = cpu_kernels.small_gemm_bf16_add_(y, x, self._packed(w), self._float(b), n)
             if added:
                 return
         y += self.rounded(x, w, b) if x.dtype == torch.bfloat16 else self(x, w, b)

@@ -58,7 +58,7 @@ static int takes_amx(int64_t M, int64_t K) {
 int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                          const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
                          int threads) {
-    if (takes_amx(M, K) && N % (2 * NR) == 0)
+    if (takes_amx(M, K) && N % (2 * NR) == 0 && (!x_bf16 || ldx >= K))
         return small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
     return 3;
 }
@@ -67,7 +67,8 @@ int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t 
  * place); 3 where it does not, and the caller widens them to float32 (exactly) and calls that. */
 int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, const float *bias,
                          float *y, int64_t M, int64_t N, int64_t K, int threads) {
-    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
+    if (takes_amx(M, K) && ldx >= K) /* rows that do not overlap (a_operand copies K each) */
+        return small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
     return 3;
 }
 
@@ -78,7 +79,7 @@ int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, cons
 int small_gemm_bf16_add(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                         const float *bias, float *y, int64_t ldy, int64_t M, int64_t N,
                         int64_t K, int threads) {
-    if (!takes_amx(M, K)) return 3;
+    if (!takes_amx(M, K) || (x_bf16 && ldx < K) || ldy < N) return 3;
     return small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
 }
 
