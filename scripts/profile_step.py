@@ -78,9 +78,9 @@ def instrument(eng, parts: Parts) -> None:
     m = eng.model
     vocab, small_rows, forward = m.hf.config.vocab_size, m.small_rows, m.forward
 
-    def timed_linear(fn, x_at: int = 0):
-        """fn(..., x, weight, bias) timed as lm_head or the linears, its FLOPs counted where it
-        ran (silu_gated declines steps off the AMX tiles: None)."""
+    def timed_linear(fn, x_at: int = 0, declines: bool = False):
+        """fn(..., x, weight, bias) timed as lm_head or the linears, its FLOPs counted unless it
+        `declines` the step by returning None (silu_gated, off the AMX tiles)."""
 
         def wrapper(*a):
             t0 = time.process_time()
@@ -88,7 +88,7 @@ def instrument(eng, parts: Parts) -> None:
             x, weight = a[x_at], a[x_at + 1]
             part = "lm_head" if weight.shape[0] == vocab else "linears"
             parts.seconds[parts.kind][part] += time.process_time() - t0
-            if out is not None or fn is small_rows_add:
+            if not (declines and out is None):
                 parts.flops[parts.kind][part] += (
                     2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
                 )
@@ -96,12 +96,11 @@ def instrument(eng, parts: Parts) -> None:
 
         return wrapper
 
-    small_rows_add = getattr(small_rows, "add_", None)
     linear = timed_linear(small_rows)
     if hasattr(small_rows, "silu_gated"):  # gate/up with SiLU x up inside: counted as linears
-        linear.silu_gated = timed_linear(small_rows.silu_gated)
+        linear.silu_gated = timed_linear(small_rows.silu_gated, declines=True)
         linear.rounded = timed_linear(small_rows.rounded)  # rows rounded where they were made
-        linear.add_ = timed_linear(small_rows_add, x_at=1)  # y += the linear, in the kernel
+        linear.add_ = timed_linear(small_rows.add_, x_at=1)  # y += the linear, in the kernel
 
     def step(input_ids, positions, meta, kv_caches, logits_rows):
         parts.kind = "decode" if input_ids.shape[0] == logits_rows.shape[0] else "prefill"

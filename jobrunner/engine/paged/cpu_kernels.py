@@ -377,8 +377,8 @@ def small_gemm_bf16(
     m, k = x.shape
     _check_bf16_linear("small_gemm_bf16", x, packed, bias, k, n)
     y = x.new_empty(m, n, dtype=torch.float32)
-    b = None if bias is None else bias.contiguous()
-    args = (packed.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k)
+    b = _contiguous(bias)
+    args = (packed.data_ptr(), _ptr_of(b), y.data_ptr(), m, n, k)
     lib, threads = load(), torch.get_num_threads()
     if x.dtype == torch.bfloat16:
         rc = lib.small_gemm_bf16_rows(x.data_ptr(), x.stride(0), *args, threads)
@@ -407,10 +407,10 @@ def small_gemm_bf16_silu(
     if packed.shape[1] != k // 2:
         return None
     y = x.new_empty(m, n, dtype=torch.bfloat16)
-    b = None if bias is None else bias.contiguous()
+    b = _contiguous(bias)
     rc = load().small_gemm_bf16_silu(
-        x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), packed.data_ptr(),
-        None if b is None else b.data_ptr(), y.data_ptr(), m, 2 * n, k, torch.get_num_threads(),
+        x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), packed.data_ptr(), _ptr_of(b),
+        y.data_ptr(), m, 2 * n, k, torch.get_num_threads(),
     )  # fmt: skip
     return None if rc == 3 else _checked(rc, y, "small_gemm_bf16_silu")
 
@@ -432,11 +432,10 @@ def small_gemm_bf16_add_(
         raise ValueError(f"small_gemm_bf16_add_: y {tuple(y.shape)} for ({m}, {n})")
     if y.dtype != torch.float32 or y.stride(-1) != 1:
         return False
-    b = None if bias is None else bias.contiguous()
+    b = _contiguous(bias)
     rc = load().small_gemm_bf16_add(
-        x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), packed.data_ptr(),
-        None if b is None else b.data_ptr(), y.data_ptr(), y.stride(0), m, n, k,
-        torch.get_num_threads(),
+        x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), packed.data_ptr(), _ptr_of(b),
+        y.data_ptr(), y.stride(0), m, n, k, torch.get_num_threads(),
     )  # fmt: skip
     return rc != 3 and _checked(rc, y, "small_gemm_bf16_add_") is y
 
@@ -447,11 +446,23 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 and x.stride(0) >= x.shape[1] else x.contiguous()
 
 
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
+def _ptr_of(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+@functools.cache
+def _panel_width() -> int:
+    return load().small_gemm_bf16_panel()
+
+
 def _check_bf16_linear(name: str, x, packed, bias, k: int, n: int) -> None:
     rows_ok = x.dtype in (torch.float32, torch.bfloat16)
     bias_ok = bias is None or (bias.dtype == torch.float32 and bias.numel() == n)
-    width = load().small_gemm_bf16_panel()
-    packed_ok = packed.shape[0] == -(-n // width) and packed.shape[1] == -(-k // 2)
+    packed_ok = packed.shape[0] == -(-n // _panel_width()) and packed.shape[1] == -(-k // 2)
     if packed.dtype != torch.bfloat16 or not (packed_ok and rows_ok and bias_ok):
         raise ValueError(
             f"{name}: x {tuple(x.shape)} {x.dtype} against {tuple(packed.shape)} for {n} outputs"

@@ -89,9 +89,8 @@ class SmallRowLinear:
         one kernel where the step takes AMX tiles (cpu_kernels.small_gemm_bf16_silu), as
         bfloat16 rows for the down projection (`rounded`); None elsewhere, and the caller runs
         the linear and then the product. x: float32 rows, or bfloat16 ones (`rounded`)."""
-        if x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 2:
-            return None
-        if w.dtype != torch.bfloat16:
+        rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
+        if not rows_ok or w.dtype != torch.bfloat16:
             return None
         if not 0 < cpu_kernels.amx_rows() <= x.shape[0]:  # no AMX step: no output to allocate
             return None

@@ -67,33 +67,29 @@ typedef struct {
     int64_t tail_m0;
 } AOperand;
 
-typedef struct {
-    int64_t k, stride, row;
-} ALayout;
-
-/* Row m0's A and its layout. */
-static inline const uint16_t *rows_at(const AOperand *A, int64_t m0, ALayout *al) {
-    *al = (ALayout){A->k, A->stride, A->row};
+/* Row m0 of A. */
+static inline const uint16_t *rows_at(const AOperand *A, int64_t m0) {
     return A->tail && m0 >= A->tail_m0 ? A->tail + (m0 - A->tail_m0) * A->row : A->a + m0 * A->row;
 }
 
-/* One block of 32 rows (`two`, else 16) of A (laid out as al says) against panel w over K2
- * pairs, C from the 32 biases, stored to y (stride ldy bytes). */
-static void block(const uint16_t *a, ALayout al, const uint16_t *w, int64_t K2,
+/* One block of 32 rows (`two`, else 16) of A from row a on (laid out as A says) against panel
+ * w over K2 pairs, C from the 32 biases, stored to y (stride ldy bytes). */
+static void block(const uint16_t *a, const AOperand *A, const uint16_t *w, int64_t K2,
                   const float *bias, float *y, int64_t ldy, int two) {
+    const int64_t ak = A->k, as = A->stride;
     _tile_loadd(0, bias, 0);
     _tile_loadd(1, bias + 16, 0);
     if (two) {
-        const uint16_t *a1 = a + 16 * al.row; /* the second row block's tiles */
+        const uint16_t *a1 = a + 16 * A->row; /* the second row block's tiles */
         _tile_loadd(2, bias, 0);
         _tile_loadd(3, bias + 16, 0);
         for (int64_t k = 0; k < K2; k += 16) {
-            _tile_loadd(4, a + al.k * k, al.stride);
+            _tile_loadd(4, a + ak * k, as);
             _tile_loadd(6, w + k * NR * 2, NR * 4);
             _tile_loadd(7, w + k * NR * 2 + NR, NR * 4);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, a1 + al.k * k, al.stride);
+            _tile_loadd(5, a1 + ak * k, as);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
@@ -101,7 +97,7 @@ static void block(const uint16_t *a, ALayout al, const uint16_t *w, int64_t K2,
         _tile_stored(3, (char *)y + 16 * ldy + 64, ldy);
     } else {
         for (int64_t k = 0; k < K2; k += 16) {
-            _tile_loadd(4, a + al.k * k, al.stride);
+            _tile_loadd(4, a + ak * k, as);
             _tile_loadd(6, w + k * NR * 2, NR * 4);
             _tile_loadd(7, w + k * NR * 2 + NR, NR * 4);
             _tile_dpbf16ps(0, 4, 6);
@@ -162,13 +158,12 @@ static void column_block(const AOperand *A, const uint16_t *w, const float *bias
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
-        ALayout al;
-        const uint16_t *a = rows_at(A, m0, &al);
+        const uint16_t *a = rows_at(A, m0);
         for (int64_t p = p0; p < p1; p++) {
             const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
             const int direct = !add && ncols == NR && r == (two ? 32 : 16);
             float *out = direct ? y + m0 * ldy + p * NR : scratch;
-            block(a, al, w + p * panel, K2, b[p - p0], out, direct ? ldy * 4 : NR * 4, two);
+            block(a, A, w + p * panel, K2, b[p - p0], out, direct ? ldy * 4 : NR * 4, two);
             if (add)
                 add_rows(scratch, y + m0 * ldy + p * NR, ldy, r, ncols);
             else if (!direct)
@@ -194,11 +189,10 @@ static void column_block_silu(const AOperand *A, const uint16_t *w, const float 
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
-        ALayout al;
-        const uint16_t *a = rows_at(A, m0, &al);
+        const uint16_t *a = rows_at(A, m0);
         for (int64_t p = p0; p < p1; p++) {
-            block(a, al, w + p * panel, K2, bg[p - p0], g, NR * 4, two);
-            block(a, al, w + (p + up) * panel, K2, bu[p - p0], u, NR * 4, two);
+            block(a, A, w + p * panel, K2, bg[p - p0], g, NR * 4, two);
+            block(a, A, w + (p + up) * panel, K2, bu[p - p0], u, NR * 4, two);
             for (int64_t i = 0; i < r; i++) {
                 const float *gi = g + i * NR, *ui = u + i * NR;
                 const __m512 lo = silu_mul16(_mm512_load_ps(gi), _mm512_load_ps(ui));
@@ -303,7 +297,9 @@ int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, co
 int small_gemm_amx_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                         const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
                         int threads) {
-    return small_gemm_amx(x, ldx, x_bf16, w, bias, (float *)y, N / 2, 0, M, N, K, threads);
+    (void)x, (void)ldx, (void)x_bf16, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K;
+    (void)threads;
+    return 2;
 }
 
 #endif
