@@ -121,6 +121,7 @@ def wrap_modules() -> None:
     paged_model.paged_attention = timed("attention", paged_model.paged_attention)
     cpu_kernels.silu_mul = timed("silu x up", cpu_kernels.silu_mul)
     cpu_kernels.rope_ = timed("rope", cpu_kernels.rope_)
+    cpu_kernels.rope_kv_write_ = timed("rope+kv", cpu_kernels.rope_kv_write_)
 
 
 def workloads(tokenizer) -> dict[str, tuple[list[list[int]], int]]:

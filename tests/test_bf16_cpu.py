@@ -129,19 +129,50 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
     monkeypatch.setattr(  # off: the float32 product written out and rounded inside down
         SmallRowLinear, "silu_gated", lambda self, *a: real_gated(self, *a) if fused[0] else None
     )
+
+    def run(rounds: bool):
+        fused[0] = rounds
+        engine = PagedEngine(models[1], _several_steps())
+        engine.model.rounds_rows = rounds and engine.model.rounds_rows
+        return _tokens_and_logprobs(engine, prompts)
+
+    assert run(True) == run(False)
+    assert bool(rounded) == (amx == "on")  # the rows were rounded where made exactly when on AMX
+
+
+def test_rope_and_kv_write_in_one_pass_keep_every_bit(models, prompts, monkeypatch):
+    """Each layer rotates q and k and writes the new K/V in one pass (rope_kv_write_): every
+    token and log-probability is the same to the bit as with the rotation and the write done
+    apart, over prompts of one step and of several."""
+    from jobrunner.engine.paged import PagedEngine
+
+    calls, one_pass = [], [True]
+    real = cpu_kernels.rope_kv_write_
+
+    def spy(*a):
+        calls.append(one_pass[0] and real(*a))  # True: rotated and written in one pass
+        return calls[-1]
+
+    monkeypatch.setattr(cpu_kernels, "rope_kv_write_", spy)
+    runs = []
+    for on in (True, False):
+        one_pass[0] = on
+        runs.append(_tokens_and_logprobs(PagedEngine(models[1], _several_steps()), prompts))
+    assert runs[0] == runs[1]
+    assert True in calls and False in calls
+
+
+def _several_steps() -> JobConfig:
     cfg = JobConfig()
     cfg.engine.kv_cache_bytes = 64 << 20
     cfg.engine.max_batch_tokens = 96  # the longer prompts span steps
+    return cfg
+
+
+def _tokens_and_logprobs(engine, prompts) -> dict:
     params = SamplingParams(max_new_tokens=6, logprobs=True, top_logprobs=3)
-    runs = []
-    for rounds in (True, False):
-        fused[0] = rounds
-        engine = PagedEngine(models[1], cfg)
-        engine.model.rounds_rows = rounds and engine.model.rounds_rows
-        reqs = [Request(str(i), ids, params) for i, ids in enumerate(prompts)]
-        runs.append({r.id: (r.token_ids, r.choices[0].logprobs) for r in engine.generate(reqs)})
-    assert runs[0] == runs[1]
-    assert bool(rounded) == (amx == "on")  # the rows were rounded where made exactly when on AMX
+    reqs = [Request(str(i), ids, params) for i, ids in enumerate(prompts)]
+    return {r.id: (r.token_ids, r.choices[0].logprobs) for r in engine.generate(reqs)}
 
 
 def test_a_model_that_keeps_bfloat16_activations_runs_no_float32_accumulating_kernel(

@@ -117,6 +117,54 @@ def test_rope_is_bit_identical_to_rotate_half():
     assert torch.equal(qkv[:, H:], v_before)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [5, 300])  # a decode step; a prefill (the parallel branch)
+def test_rope_and_kv_write_in_one_pass_give_the_bits_of_the_two_steps(dtype, T):
+    """Rotating q and k in the fused projection and writing the new K/V in one pass leaves the
+    same projection and the same cache, to the bit, as rope_ then write_kv_: subnormals,
+    values that round past the largest bfloat16, infinities and NaN included; heads past the
+    K/V rows and every other slot untouched."""
+    g = torch.Generator().manual_seed(4)
+    nh, nkv, hd, bs, num_blocks, max_len = 6, 2, 64, 4, 100, 512
+    cos, sin = torch.randn(max_len, hd, generator=g), torch.randn(max_len, hd, generator=g)
+    positions = torch.randint(0, max_len, (T,), generator=g)
+    qkv = torch.randn(T, nh + 2 * nkv, hd, generator=g)
+    edge = torch.tensor([1e-39, -3e-40, 3.4e38, float("inf"), float("nan"), -0.0, 1.0000001])
+    qkv[0, nh, : edge.numel()] = edge  # a K row: rotated, mixing them in
+    qkv[-1, -1, : edge.numel()] = edge  # a V row: stored as it is
+    slots = torch.randperm(num_blocks * bs, generator=g)[:T]
+    caches = [torch.randn(nkv, num_blocks, bs, hd, generator=g).to(dtype) for _ in range(2)]
+    want_qkv, want = qkv.clone(), [c.clone() for c in caches]
+    cpu_kernels.rope_(want_qkv[:, : nh + nkv], cos, sin, positions)
+    cpu_kernels.write_kv_(*want, slots, want_qkv[:, nh : nh + nkv], want_qkv[:, nh + nkv :])
+    assert cpu_kernels.rope_kv_write_(qkv, nh, cos, sin, positions, *caches, slots)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(qkv.view(torch.int32), want_qkv.view(torch.int32))
+    for got, exp in zip(caches, want, strict=True):
+        assert torch.equal(got.view(bits), exp.view(bits))
+
+
+@needs_kernels
+def test_rope_and_kv_write_decline_what_they_do_not_write():
+    """A float16 cache, or a projection whose heads are not contiguous, is left to the two
+    steps: nothing is rotated or written."""
+    nh, nkv, hd = 2, 1, 64
+    cos = sin = torch.ones(8, hd)
+    qkv = torch.randn(3, nh + 2 * nkv, hd)
+    before = qkv.clone()
+    half = [torch.zeros(nkv, 2, 4, hd, dtype=torch.float16) for _ in range(2)]
+    assert not cpu_kernels.rope_kv_write_(
+        qkv, nh, cos, sin, torch.arange(3), *half, torch.arange(3)
+    )
+    wide = torch.randn(3, nh + 2 * nkv, 2 * hd)[..., :hd]  # head stride 2 hd
+    plain = [torch.zeros(nkv, 2, 4, hd) for _ in range(2)]
+    assert not cpu_kernels.rope_kv_write_(
+        wide, nh, cos, sin, torch.arange(3), *plain, torch.arange(3)
+    )
+    assert torch.equal(qkv, before) and all(not c.any() for c in half + plain)
+
+
 def test_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("JOBRUNNER_CPU_KERNELS", "0")
     cpu_kernels.load.cache_clear()

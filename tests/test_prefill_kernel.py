@@ -52,6 +52,27 @@ def test_paged_prefill_matches_causal_attention_over_scattered_blocks(hd, group,
         torch.testing.assert_close(got, want, atol=3e-6, rtol=3e-6, msg=f"start={start} n={n}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: the AMX path
+def test_paged_prefill_reads_queries_in_place_and_writes_into_the_output_given(dtype):
+    """Queries sliced from a fused q/k/v projection (row stride past the q heads) give the
+    bits of the same queries made contiguous, written into the `out` rows handed in, and the
+    rows around them untouched."""
+    g = torch.Generator().manual_seed(5)
+    nh, nkv, hd, bs = 9, 3, 64, 16
+    for start, n in [(0, 130), (37, 50), (200, 1)]:
+        nb = -(-(start + n) // bs)
+        k_cache, v_cache = caches(nkv, nb + 3, bs, hd, dtype, g)
+        block_ids = torch.randperm(nb + 3, generator=g)[:nb]
+        qkv = torch.randn(n, nh + 2 * nkv, hd, generator=g)
+        q = qkv[:, :nh]
+        want = cpu_kernels.paged_prefill(q.contiguous(), k_cache, v_cache, block_ids, start, 0.125)
+        out = torch.full((n + 2, nh, hd), 7.0)
+        got = cpu_kernels.paged_prefill(q, k_cache, v_cache, block_ids, start, 0.125, out[1:-1])
+        assert got.data_ptr() == out[1].data_ptr()
+        assert torch.equal(out[1:-1], want), f"start={start} n={n}"
+        assert bool((out[0] == 7).all()) and bool((out[-1] == 7).all())
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 4e-3)])
 def test_paged_prefill_keeps_16_bit_queries_and_reads_a_16_bit_cache(dtype, tol):
     g = torch.Generator().manual_seed(1)

@@ -83,15 +83,13 @@ def paged_attention(
     v_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd)
     meta: AttentionMetadata,
     scale: float,
+    written: bool = False,  # the new K/V are in the cache already (cpu_kernels.rope_kv_write_)
 ) -> torch.Tensor:  # (T, nh * hd)
-    if meta.kernel_writes:
-        cpu_kernels.write_kv_(k_cache, v_cache, meta.slot_mapping, k, v)
-    else:
-        _write(k_cache, meta.slot_mapping, k)
-        _write(v_cache, meta.slot_mapping, v)
+    if not written:
+        _write_new(k, v, k_cache, v_cache, meta)
     if meta.triton is not None:
         return triton_attention.attend(q, k_cache, v_cache, meta.triton, scale).view(q.shape[0], -1)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.prefills and not meta.prefill_kernel:  # a chunk's own keys as every path reads them
         k, v = _as_cached(k_cache, meta.slot_mapping, k), _as_cached(v_cache, meta.slot_mapping, v)
     for g in meta.decode_groups:
@@ -99,13 +97,22 @@ def paged_attention(
     for p in meta.prefills:
         if meta.prefill_kernel:
             past = p.context_len - (p.end - p.start)
-            qp = q[p.start : p.end]
-            out[p.start : p.end] = cpu_kernels.paged_prefill(
-                qp, k_cache, v_cache, p.block_ids, past, scale
-            )
+            qp, op = q[p.start : p.end], out[p.start : p.end]
+            got = cpu_kernels.paged_prefill(qp, k_cache, v_cache, p.block_ids, past, scale, op)
+            if got is not op:  # not float32: written elsewhere
+                op.copy_(got)
         else:
             out[p.start : p.end] = _prefill(q, k, v, k_cache, v_cache, p, scale)
     return out.view(q.shape[0], -1)
+
+
+def _write_new(k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+    """The step's new K/V rows into their slots."""
+    if meta.kernel_writes:
+        cpu_kernels.write_kv_(k_cache, v_cache, meta.slot_mapping, k, v)
+    else:
+        _write(k_cache, meta.slot_mapping, k)
+        _write(v_cache, meta.slot_mapping, v)
 
 
 def _write(cache, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:

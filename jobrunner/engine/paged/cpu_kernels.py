@@ -67,12 +67,15 @@ def load() -> ctypes.CDLL | None:
     lib.kv_write_q8.restype = ctypes.c_int
     lib.kv_write_q8.argtypes = [_ptr] * 7 + [_i64] * 8 + [ctypes.c_int] * 2
     lib.paged_prefill.restype = ctypes.c_int
-    lib.paged_prefill.argtypes = [_ptr] * 5 + [ctypes.c_int, _ptr] + [_i64] * 7
+    lib.paged_prefill.argtypes = [_ptr, _i64] + [_ptr] * 4 + [ctypes.c_int, _ptr] + [_i64] * 7
     lib.paged_prefill.argtypes += [ctypes.c_float, _ptr, ctypes.c_int]
     lib.paged_prefill_supports.restype = ctypes.c_int
     lib.paged_prefill_supports.argtypes = [_i64] * 3
     lib.rope_inplace.restype = None
     lib.rope_inplace.argtypes = [_ptr] + [_i64] * 4 + [_ptr, _ptr, _ptr, ctypes.c_int]
+    lib.rope_kv_write.restype = ctypes.c_int
+    lib.rope_kv_write.argtypes = [_ptr] + [_i64] * 5 + [_ptr] * 5 + [ctypes.c_int, _ptr, _i64]
+    lib.rope_kv_write.argtypes += [ctypes.c_int]
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [_ptr, _i64, _ptr, ctypes.c_float, _ptr, _i64, _i64, ctypes.c_int]
     lib.rms_norm_bf16.restype = ctypes.c_int
@@ -224,20 +227,27 @@ def paged_prefill(
     block_ids: torch.Tensor,  # (nb,) int64 block ids of positions 0..start+n-1
     start: int,
     scale: float,
-) -> torch.Tensor:  # (n, nh, hd), q's dtype
-    """Causal attention of a prefill chunk to its cached context and itself, read in place."""
-    lib = load()
+    out: torch.Tensor | None = None,  # (n, nh, hd) float32, contiguous: written in place
+) -> torch.Tensor:  # (n, nh, hd), q's dtype (out itself where given and q is float32)
+    """Causal attention of a prefill chunk to its cached context and itself, read in place.
+    float32 queries are read at their own row stride (heads contiguous within a row, as sliced
+    from the fused q/k/v projection); `out` takes the outputs with no copy."""
+    lib, dtype = load(), q.dtype
     n, nh, hd = q.shape
     nkv, num_blocks, bs, _ = k_cache.shape
-    qf, out, (k, k_scales, code), (v, v_scales, _) = _attention_io(q, k_cache, v_cache)
+    if q.dtype != torch.float32 or q.stride(-1) != 1 or q.stride(-2) != hd:
+        q = q.to(torch.float32).contiguous()
+    if out is None or out.dtype != torch.float32 or not out.is_contiguous():
+        out = torch.empty(n, nh, hd, dtype=torch.float32)
+    (k, k_scales, code), (v, v_scales, _) = _cache_args(k_cache), _cache_args(v_cache)
     table = block_ids.to(torch.int64).contiguous()
     rc = lib.paged_prefill(
-        qf.data_ptr(), k, v, k_scales, v_scales, code, table.data_ptr(),
+        q.data_ptr(), q.stride(0), k, v, k_scales, v_scales, code, table.data_ptr(),
         start, n, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"paged_prefill: head layout nh={nh} nkv={nkv} hd={hd} not supported")
-    return out.to(q.dtype)
+    return out.to(dtype)
 
 
 def write_kv_(
@@ -302,6 +312,44 @@ def rope_(
         torch.get_num_threads(),
     )  # fmt: skip
     return x
+
+
+def rope_kv_write_(
+    qkv: torch.Tensor,  # (T, nh + 2 nkv, hd) float32: q, k, v heads, heads contiguous in a row
+    nh: int,
+    cos: torch.Tensor,  # (max_len, hd) float32, contiguous
+    sin: torch.Tensor,
+    positions: torch.Tensor,  # (T,) int64
+    k_cache: torch.Tensor,  # (nkv, num_blocks, bs, hd) float32 or bfloat16, contiguous
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # (T,) int64 flat slot of each token
+) -> bool:
+    """Rotates q and k in place and writes the new K/V rows into their slots, in one pass: the
+    same bits as rope_ and then write_kv_. False (nothing done) where it does not apply: a
+    cache of another dtype or layout, or rows it cannot read in place."""
+    T, heads, hd = qkv.shape
+    nkv = (heads - nh) // 2
+    usable = (
+        qkv.dtype == torch.float32
+        and qkv.stride(-1) == 1
+        and qkv.stride(-2) == hd
+        and isinstance(k_cache, torch.Tensor)
+        and k_cache.dtype in (torch.float32, torch.bfloat16)
+        and v_cache.dtype == k_cache.dtype
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and tuple(k_cache.shape[::3]) == (nkv, hd)
+    )
+    if not usable or load() is None:
+        return False
+    pos = positions.to(torch.int64).contiguous()
+    slots = slots.to(torch.int64).contiguous()
+    rc = load().rope_kv_write(
+        qkv.data_ptr(), T, qkv.stride(0), nh, nkv, hd, cos.data_ptr(), sin.data_ptr(),
+        pos.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), DTYPES[k_cache.dtype],
+        slots.data_ptr(), k_cache.shape[1] * k_cache.shape[2], torch.get_num_threads(),
+    )  # fmt: skip
+    return rc == 0
 
 
 def gemm_supported() -> bool:

@@ -252,10 +252,12 @@ class PagedCausalLM:
         x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods, T))
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         fused = _apply(self.qkv[i], mods, x, self._rows_linear(x))  # (T, (nh+2nkv) hd) or None
+        written = False
         if fused is not None and not hasattr(attn, "q_norm"):
             qkv = fused.view(T, nh + 2 * nkv, hd)
-            qk = self._rotate(qkv[:, : nh + nkv], rope)  # q and k rotated in one pass
-            q, k = qk.split((nh, nkv), dim=1)
+            written = self._rotate_and_write(qkv, rope, meta, k_cache, v_cache)
+            qk = qkv[:, : nh + nkv] if written else self._rotate(qkv[:, : nh + nkv], rope)
+            q, k = qk.split((nh, nkv), dim=1)  # q and k rotated in one pass
             v = qkv[:, nh + nkv :]
         else:
             parts = [m(x) for m in mods] if fused is None else fused.split(self.qkv[i][3], -1)
@@ -265,7 +267,18 @@ class PagedCausalLM:
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
             q, k = self._rotate(q.contiguous(), rope), self._rotate(k.contiguous(), rope)
-        return paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh * hd)
+        return paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, written)
+
+    def _rotate_and_write(self, qkv: torch.Tensor, rope, meta, k_cache, v_cache) -> bool:
+        """q and k rotated in place and the new K/V written to the cache in one pass, where the
+        C kernels rotate and write (cpu_kernels.rope_kv_write_); False where they do not."""
+        positions, cos, _ = rope
+        if cos is not None or not meta.kernel_writes:
+            return False
+        nh, slots = self.num_heads, meta.slot_mapping
+        return cpu_kernels.rope_kv_write_(
+            qkv, nh, self.cos, self.sin, positions, k_cache, v_cache, slots
+        )
 
 
 Fused = tuple[tuple[nn.Module, ...], torch.Tensor, torch.Tensor | None, list[int]]

@@ -34,12 +34,14 @@
 #include "prefill_tile.h"
 #include "vexp.h"
 
-int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, const int64_t *table,
-                      int64_t start, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
-                      int64_t num_blocks, int64_t bs, float scale, float *out, int threads);
+int paged_prefill_amx(const float *q, int64_t ldq, const uint16_t *k, const uint16_t *v,
+                      const int64_t *table, int64_t start, int64_t n, int64_t nh, int64_t nkv,
+                      int64_t hd, int64_t num_blocks, int64_t bs, float scale, float *out,
+                      int threads);
 
 typedef struct {
-    const float *q; /* (n, nh, hd) */
+    const float *q; /* (n, nh, hd), row stride ldq floats */
+    int64_t ldq;
     const void *k, *v; /* (nkv, num_blocks, bs, hd) */
     const uint16_t *k_scale, *v_scale; /* (nkv, num_blocks, bs) float16 for I8 / FP8, else NULL */
     int dtype;
@@ -177,7 +179,7 @@ static inline __attribute__((always_inline)) void tile_avx512(const Chunk *J, in
         for (int j = 0; j < G; j++)
             for (int64_t qi = 0; qi < QT; qi++)
                 qt[(d * G + j) * 16 + qi] =
-                    qi < qn ? J->q[(i0 + qi) * ld + (h * G + j) * hd + d] : 0.0f;
+                    qi < qn ? J->q[(i0 + qi) * J->ldq + (h * G + j) * hd + d] : 0.0f;
     memset(acc, 0, sizeof(acc));
     for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(-INFINITY), sum[j] = _mm512_setzero_ps();
     const __m512i pos = lane_positions(J->start + i0, L);
@@ -272,7 +274,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     for (int64_t e = 0; e < hp; e++)
         for (int j = 0; j < G; j++)
             for (int64_t qi = 0; qi < QT; qi++) {
-                const float *qr = J->q + (i0 + qi) * ld + (h * G + j) * hd + 2 * e;
+                const float *qr = J->q + (i0 + qi) * J->ldq + (h * G + j) * hd + 2 * e;
                 qt[(e * G + j) * 16 + qi] =
                     qi < qn ? bf16_bits(qr[0]) | bf16_bits(qr[1]) << 16 : 0;
             }
@@ -413,7 +415,7 @@ static inline __attribute__((always_inline)) void tile_avx2(const Chunk *J, int6
         for (int j = 0; j < G; j++)
             for (int64_t qi = 0; qi < QT; qi++)
                 qt[(d * G + j) * 8 + qi] =
-                    qi < qn ? J->q[(i0 + qi) * ld + (h * G + j) * hd + d] : 0.0f;
+                    qi < qn ? J->q[(i0 + qi) * J->ldq + (h * G + j) * hd + d] : 0.0f;
     memset(acc, 0, sizeof(acc));
     for (int j = 0; j < G; j++) m[j] = _mm256_set1_ps(-INFINITY), sum[j] = _mm256_setzero_ps();
     /* lane qi's position; padding lanes take the last real one (their output is not stored) */
@@ -553,17 +555,18 @@ int paged_prefill_supports(int64_t nh, int64_t nkv, int64_t hd) {
 }
 
 /* Returns 0 on success, 2 when the layout is not supported (the caller keeps its torch path). */
-int paged_prefill(const float *q, const void *k, const void *v, const uint16_t *k_scale,
+int paged_prefill(const float *q, int64_t ldq, const void *k, const void *v,
+                  const uint16_t *k_scale,
                   const uint16_t *v_scale, int dtype, const int64_t *table, int64_t start,
                   int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs,
                   float scale, float *out, int threads) {
     if (!paged_prefill_supports(nh, nkv, hd) || start + n >= INT32_MAX) return 2;
     /* AMX tiles where they are on; else (or without memory for their layout) the vector path */
-    if (dtype == BF16 && paged_prefill_amx(q, k, v, table, start, n, nh, nkv, hd, num_blocks, bs,
-                                           scale, out, threads) == 0)
+    if (dtype == BF16 && paged_prefill_amx(q, ldq, k, v, table, start, n, nh, nkv, hd, num_blocks,
+                                           bs, scale, out, threads) == 0)
         return 0;
     const Chunk J = {
-        q, k, v, k_scale, v_scale, dtype, table, start, n, nh, nkv, hd, num_blocks, bs, scale, out};
+        q, ldq, k, v, k_scale, v_scale, dtype, table, start, n, nh, nkv, hd, num_blocks, bs, scale, out};
     const int64_t tiles = (n + QT - 1) / QT, items = tiles * nkv;
     /* the last tiles see the most keys: they go first, and dynamic scheduling balances */
 #pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(dynamic, 1)
@@ -578,11 +581,12 @@ int paged_prefill_supports(int64_t nh, int64_t nkv, int64_t hd) {
     return 0;
 }
 
-int paged_prefill(const float *q, const void *k, const void *v, const uint16_t *k_scale,
+int paged_prefill(const float *q, int64_t ldq, const void *k, const void *v,
+                  const uint16_t *k_scale,
                   const uint16_t *v_scale, int dtype, const int64_t *table, int64_t start,
                   int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs,
                   float scale, float *out, int threads) {
-    (void)q, (void)k, (void)v, (void)k_scale, (void)v_scale, (void)dtype, (void)table;
+    (void)q, (void)ldq, (void)k, (void)v, (void)k_scale, (void)v_scale, (void)dtype, (void)table;
     (void)start, (void)n, (void)nh, (void)nkv, (void)hd, (void)num_blocks, (void)bs, (void)scale;
     (void)out, (void)threads;
     return 2;

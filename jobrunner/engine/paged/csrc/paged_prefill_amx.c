@@ -38,8 +38,8 @@ static const uint16_t ZERO16[16]; /* a V row's 16 values past the keys */
 #define LAYOUT_BYTES (32 << 20) /* K and V laid out for this many bytes of KV heads at once */
 
 typedef struct {
-    const float *q; /* (n, nh, hd) */
-    int64_t start, n, nh, nkv, hd;
+    const float *q; /* (n, nh, hd), row stride ldq floats */
+    int64_t ldq, start, n, nh, nkv, hd;
     float scale;
     float *out; /* (n, nh, hd) */
 } Chunk;
@@ -179,7 +179,7 @@ static inline __attribute__((always_inline)) void tile_item(const Chunk *C_, con
         for (int64_t e0 = 0; e0 < hp; e0 += 16) {
             __m512i r[16];
             for (int64_t qi = 0; qi < QT; qi++) {
-                const float *qr = C_->q + (i0 + qi) * ld + (h * G + j) * hd + 2 * e0;
+                const float *qr = C_->q + (i0 + qi) * C_->ldq + (h * G + j) * hd + 2 * e0;
                 r[qi] = qi < qn ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qr + 16),
                                                                _mm512_loadu_ps(qr))
                                 : _mm512_setzero_si512();
@@ -262,9 +262,10 @@ static void item(const Chunk *J, const uint16_t *kc, const uint16_t *vt, int64_t
 }
 /* clang-format on */
 
-int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, const int64_t *table,
-                      int64_t start, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
-                      int64_t num_blocks, int64_t bs, float scale, float *out, int threads) {
+int paged_prefill_amx(const float *q, int64_t ldq, const uint16_t *k, const uint16_t *v,
+                      const int64_t *table, int64_t start, int64_t n, int64_t nh, int64_t nkv,
+                      int64_t hd, int64_t num_blocks, int64_t bs, float scale, float *out,
+                      int threads) {
     if (small_gemm_bf16_amx_rows(-1) == 0) return 2; /* AMX off, not built or not granted */
     if (n <= 0) return 0;
     const int64_t L = start + n, Lp = (L + 31) / 32 * 32, head = Lp * hd * 2; /* elements */
@@ -272,7 +273,7 @@ int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, cons
     per_pass = per_pass < 1 ? 1 : per_pass > nkv ? nkv : per_pass;
     uint16_t *scratch = aligned_alloc(64, (size_t)(per_pass * head) * 2);
     if (!scratch) return 1;
-    const Chunk J = {q, start, n, nh, nkv, hd, scale, out};
+    const Chunk J = {q, ldq, start, n, nh, nkv, hd, scale, out};
     const int64_t tiles = (n + QT - 1) / QT, groups = Lp / 32;
 #pragma omp parallel num_threads(threads < 1 ? 1 : threads)
     {
@@ -300,10 +301,11 @@ int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, cons
 
 #else
 
-int paged_prefill_amx(const float *q, const uint16_t *k, const uint16_t *v, const int64_t *table,
-                      int64_t start, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
-                      int64_t num_blocks, int64_t bs, float scale, float *out, int threads) {
-    (void)q, (void)k, (void)v, (void)table, (void)start, (void)n, (void)nh, (void)nkv, (void)hd;
+int paged_prefill_amx(const float *q, int64_t ldq, const uint16_t *k, const uint16_t *v,
+                      const int64_t *table, int64_t start, int64_t n, int64_t nh, int64_t nkv,
+                      int64_t hd, int64_t num_blocks, int64_t bs, float scale, float *out,
+                      int threads) {
+    (void)q, (void)ldq, (void)k, (void)v, (void)table, (void)start, (void)n, (void)nh, (void)nkv, (void)hd;
     (void)num_blocks, (void)bs, (void)scale, (void)out, (void)threads;
     return 2;
 }
