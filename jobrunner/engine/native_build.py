@@ -1,8 +1,9 @@
 """Build a native kernel library once per source, compiler and CPU, into the kernel cache.
 
 `-march=native` code (`-mcpu=native` on aarch64) must not run on another CPU, so the cache key
-holds this CPU's feature flags with the sources and the compiler's version. A concurrent build
-of the same key writes the same bytes, and the library appears by an atomic rename.
+holds this CPU's feature flags with the sources, the compiler's version and its flags. A
+concurrent build of the same key writes the same bytes, and the library appears by an atomic
+rename. `JOBRUNNER_KERNEL_CFLAGS` adds flags after ours (a sanitizer build: scripts/asan_kernels.sh).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from jobrunner.engine import first_use
 from jobrunner.engine.resolve import writable_cache_dir
+
+EXTRA_FLAGS_ENV = "JOBRUNNER_KERNEL_CFLAGS"
 
 
 def build_library(name: str, sources: list[Path], headers: list[Path]) -> Path:
@@ -49,14 +52,16 @@ def compile_flags(machine: str) -> list[str]:
     platform.machine(). On aarch64: -mcpu=native, the form gcc and clang document there (it sets
     the architecture, its extensions and the tuning; some clang versions reject -march=native)."""
     native = "-mcpu=native" if machine.lower() in ("aarch64", "arm64") else "-march=native"
-    return ["-O3", native, "-shared", "-fPIC", "-fopenmp"]
+    extra = os.environ.get(EXTRA_FLAGS_ENV, "").split()  # after ours, so they win (-O1 over -O3)
+    return ["-O3", native, "-shared", "-fPIC", "-fopenmp", *extra]
 
 
 def library_key(sources: list[Path], headers: list[Path]) -> str:
-    """What the built library's bytes depend on: the sources, the compiler's version and this
-    CPU's flags (also what a device profile's speed depends on: telemetry/profile.py)."""
+    """What the built library's bytes depend on: the sources, the compiler's version and flags
+    and this CPU's flags (also what a device profile's speed depends on: telemetry/profile.py)."""
     cc = _compiler()
     version = _compiler_version(cc) if cc else "no compiler"
+    version += " ".join(compile_flags(platform.machine()))
     code = b"".join(src.read_bytes() for src in [*sources, *headers])
     return hashlib.sha256(code + version.encode() + cpu_flags()).hexdigest()
 

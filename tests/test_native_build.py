@@ -1,0 +1,44 @@
+"""The native kernel build: flags from JOBRUNNER_KERNEL_CFLAGS reach the compiler and name their
+own cached library, so a sanitizer or debug build never serves a run that did not ask for it."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import pytest
+
+from jobrunner.engine import native_build
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler"
+)
+
+
+@pytest.fixture
+def source(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBRUNNER_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "mark.c"
+    src.write_text("#ifndef MARK\n#define MARK 1\n#endif\nint mark(void) { return MARK; }\n")
+    return src
+
+
+def _mark(path) -> int:
+    return ctypes.CDLL(str(path)).mark()
+
+
+def test_extra_flags_reach_the_compiler_and_build_a_library_of_their_own(source, monkeypatch):
+    plain = native_build.build_library("mark", [source], [])
+    monkeypatch.setenv(native_build.EXTRA_FLAGS_ENV, "-DMARK=7 -O1")
+    flagged = native_build.build_library("mark", [source], [])
+    assert flagged != plain  # another key: the plain library stays cached as it was
+    assert _mark(flagged) == 7
+    monkeypatch.delenv(native_build.EXTRA_FLAGS_ENV)
+    assert native_build.build_library("mark", [source], []) == plain
+    assert _mark(plain) == 1
+
+
+def test_extra_flags_come_after_ours_so_they_win(monkeypatch):
+    monkeypatch.setenv(native_build.EXTRA_FLAGS_ENV, "-O1 -g")
+    flags = native_build.compile_flags("x86_64")
+    assert flags.index("-O1") > flags.index("-O3") and flags[-1] == "-g"
