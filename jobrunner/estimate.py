@@ -171,7 +171,11 @@ def estimate_job(cfg: JobConfig, calibrate: int = 0) -> dict[str, Any]:
         steps = 0
     else:
         rep = replay(
-            rows, model, cfg.engine.max_num_seqs, cfg.engine.max_batch_tokens, cfg.engine.block_size
+            rows,
+            model,
+            cfg.engine.max_num_seqs,
+            cfg.engine.batch_tokens(device.kind),
+            cfg.engine.block_size,
         )
         forward, steps = rep.forward_seconds, rep.steps
     overhead = _overheads(profile, steps, scan.rows)

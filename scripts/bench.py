@@ -351,7 +351,9 @@ def main() -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=2700, help="--quick: 600")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batch-tokens", type=int, default=4096)
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=None, help="default: the engine's for the device"
+    )
     p.add_argument(
         "--kv-cache-dtypes",
         default="float16,int8",

@@ -15,6 +15,13 @@ def test_defaults_and_values(tmp_path):
     assert cfg.generation.max_new_tokens == 7
     assert cfg.engine.kind == "paged"
     assert cfg.input.prompt.column == "prompt"
+    assert cfg.engine.max_batch_tokens is None  # per device: 4096 tokens a step on a CPU
+    assert cfg.engine.batch_tokens("cpu") == 4096 and cfg.engine.batch_tokens("cuda") == 8192
+
+
+def test_a_given_step_budget_holds_on_every_device(tmp_path):
+    cfg = load_job(write_job(tmp_path / "job.yaml", "name: x\nengine: {max_batch_tokens: 999}\n"))
+    assert cfg.engine.batch_tokens("cpu") == cfg.engine.batch_tokens("cuda") == 999
 
 
 def test_bad_value_names_file_line_and_key(tmp_path):

@@ -370,3 +370,16 @@ def test_supports_names_unknown_architectures(loaded):
 
     assert unsupported_reason(loaded.model, 2048) is None
     assert "gpt2" in unsupported_reason(Fake, 2048)
+
+
+@pytest.mark.parametrize("given", [None, 5000])
+def test_steps_spend_the_cpu_default_budget_unless_one_is_given(loaded, prompts, given):
+    """engine.max_batch_tokens unset: a CPU's steps take at most 4,096 tokens (config.py); a
+    given budget is spent as given."""
+    text = [t for p in prompts for t in p]
+    rows = [Request(str(i), text[i : i + 1500], SamplingParams(max_new_tokens=2)) for i in range(4)]
+    engine = make_engine(loaded, 256 << 20, max_batch_tokens=given)
+    results = run(engine, rows)
+    assert all(not r.error_code for r in results.values())
+    widest = max(step["batch_tokens"] for step in engine.stats.step_log)
+    assert widest == (given or 4096)

@@ -68,7 +68,7 @@ class StaticEngine(Engine):
             batches = [
                 b
                 for g in sampling_groups(chunk)
-                for b in pack_batches(g, e.max_batch_tokens, e.max_num_seqs)
+                for b in pack_batches(g, e.batch_tokens(self.loaded.device.type), e.max_num_seqs)
             ]
             for batch in batches:
                 if self._stop_requested:

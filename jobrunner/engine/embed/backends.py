@@ -19,7 +19,7 @@ def make_backend(loaded: Any, cfg: Any, decoder: bool):
             raise ConfigError(f"model.source: cannot embed with this decoder: {why}")
         return PagedPrefill(
             loaded.model,
-            cfg.engine.max_batch_tokens,
+            cfg.engine.batch_tokens(loaded.device.type),
             embed_max_len(loaded, cfg),
             cfg.engine.block_size,
         )

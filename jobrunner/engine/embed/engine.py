@@ -70,6 +70,7 @@ class EmbedEngine(Engine):
         e = cfg.engine
         if e.num_threads and loaded.device.type == "cpu":
             torch.set_num_threads(e.num_threads)
+        self.batch_tokens = e.batch_tokens(loaded.device.type)
         self.decoder = is_decoder(loaded.model)
         self.pooling = pooling_mode(cfg.model.pooling, loaded.weights_dir, self.decoder)
         self.backend = make_backend(loaded, cfg, self.decoder)
@@ -95,7 +96,7 @@ class EmbedEngine(Engine):
     def _batches(self, pending: Iterator[Request]) -> Iterator[list[Request]]:
         e = self.cfg.engine
         while not self._stop_requested and (window := list(islice(pending, e.order_window))):
-            for batch in length_batches(window, e.max_batch_tokens, e.max_num_seqs):
+            for batch in length_batches(window, self.batch_tokens, e.max_num_seqs):
                 if self._stop_requested:
                     return
                 yield batch

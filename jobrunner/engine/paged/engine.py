@@ -71,10 +71,11 @@ class PagedEngine(Engine):
             e.prefix_caching,
             retain_blocks=self.kv.retain_blocks(loaded.device),
         )
+        self.batch_tokens = e.batch_tokens(loaded.device.type)
         self.scheduler = Scheduler(
             self.block_manager,
             e.max_num_seqs,
-            e.max_batch_tokens,
+            self.batch_tokens,
             self.max_model_len,
             watermark_blocks=max(1, self.kv.num_blocks // 100),
             speculative_tokens=e.speculative_tokens,
@@ -240,13 +241,13 @@ class PagedEngine(Engine):
     def _grow_back(self) -> None:
         """After enough clean steps, double reduced limits back towards the configured ones."""
         s, e = self.scheduler, self.cfg.engine
-        if s.max_num_seqs >= e.max_num_seqs and s.max_batch_tokens >= e.max_batch_tokens:
+        if s.max_num_seqs >= e.max_num_seqs and s.max_batch_tokens >= self.batch_tokens:
             return
         self._clean_steps += 1
         if self._clean_steps % self._grow_after:
             return
         s.max_num_seqs = min(e.max_num_seqs, 2 * s.max_num_seqs)
-        s.max_batch_tokens = min(e.max_batch_tokens, 2 * s.max_batch_tokens)
+        s.max_batch_tokens = min(self.batch_tokens, 2 * s.max_batch_tokens)
         log.info(
             "no out-of-memory for %d steps; growing back to max_num_seqs=%d max_batch_tokens=%d",
             self._clean_steps,
