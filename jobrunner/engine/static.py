@@ -59,16 +59,14 @@ class StaticEngine(Engine):
     kind = "static"
 
     def run_samples(self, requests: Iterable[Request]) -> Iterator[Result]:
-        it = iter(requests)
-        window = max(self.cfg.engine.order_window, self.cfg.engine.max_num_seqs)
+        it, e = iter(requests), self.cfg.engine
+        window = max(e.order_window, e.max_num_seqs)
+        budget = e.batch_tokens(self.loaded.device.type)
         while not self._stop_requested and (chunk := list(islice(it, window))):
             yield from (_unconstrained(r) for r in chunk if r.sampling.structured is not None)
             chunk = [r for r in chunk if r.sampling.structured is None]
-            e = self.cfg.engine
             batches = [
-                b
-                for g in sampling_groups(chunk)
-                for b in pack_batches(g, e.batch_tokens(self.loaded.device.type), e.max_num_seqs)
+                b for g in sampling_groups(chunk) for b in pack_batches(g, budget, e.max_num_seqs)
             ]
             for batch in batches:
                 if self._stop_requested:

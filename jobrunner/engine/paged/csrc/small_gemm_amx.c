@@ -155,24 +155,26 @@ static void add_rows(const float *s, float *y, int64_t ldy, int64_t r, int64_t n
 }
 
 /* The next 32-row block's A rows, requested into L2 a few lines at each k step of this block's
- * panels (`lines_a_step` each, `lines_a_panel` lines apart), so that its first panel does not
+ * `calls` block() calls on each of its `panels` panels (`lines_a_step` each, `lines_a_call`
+ * lines apart), so that its first panel does not
  * wait on L3 for them: 2 cores of an AMX Xeon, SmolLM2's linears at 4,096 rows, 30 layers, 607
  * -> 589 to 685 -> 606 ms; (b)'s prefill linears 8.3 and 8.8 -> 7.8 and 7.9 s of CPU. All 72
  * lines a panel at its start instead, in a burst, was slower (qkv 4.2 -> 5.3 ms on one core).
  * Nothing when this is the last block or a column block has one panel (the rows then fit L2). */
 typedef struct {
     const char *at;
-    int64_t lines_a_panel;
+    int64_t lines_a_call;
     int lines_a_step;
 } NextRows;
 
-static NextRows next_rows(const AOperand *A, int64_t m0, int64_t M, int64_t K, int64_t panels) {
+static NextRows next_rows(const AOperand *A, int64_t m0, int64_t M, int64_t K, int64_t panels,
+                          int64_t calls) {
     if (m0 + 32 >= M || panels < 2) return (NextRows){(const char *)A->a, 0, 0};
-    const int64_t rows = M - m0 - 32 < 32 ? M - m0 - 32 : 32;
-    const int64_t lines = (rows * A->row * 2 + 63) / 64, per_panel = (lines + panels - 1) / panels;
-    const int64_t steps = K / 32; /* k steps a panel */
-    return (NextRows){(const char *)rows_at(A, m0 + 32), per_panel,
-                      (int)((per_panel + steps - 1) / steps)};
+    const int64_t rows = M - m0 - 32 < 32 ? M - m0 - 32 : 32, n = panels * calls;
+    const int64_t lines = (rows * A->row * 2 + 63) / 64, per_call = (lines + n - 1) / n;
+    const int64_t steps = K / 32; /* k steps a call */
+    return (NextRows){(const char *)rows_at(A, m0 + 32), per_call,
+                      (int)((per_call + steps - 1) / steps)};
 }
 
 /* Panels p0..p1-1 against every row: the block's weights stay in L2 as the rows pass. The
@@ -190,13 +192,13 @@ static void column_block(const AOperand *A, const uint16_t *w, const float *bias
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
         const uint16_t *a = rows_at(A, m0);
-        const NextRows next = next_rows(A, m0, M, K, p1 - p0);
+        const NextRows next = next_rows(A, m0, M, K, p1 - p0, 1);
         for (int64_t p = p0; p < p1; p++) {
             const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
             const int direct = !add && ncols == NR && r == (two ? 32 : 16);
             float *out = direct ? y + m0 * ldy + p * NR : scratch;
             block(a, A, w + p * panel, K2, b[p - p0], out, direct ? ldy * 4 : NR * 4, two,
-                  next.at + (p - p0) * next.lines_a_panel * 64, next.lines_a_step);
+                  next.at + (p - p0) * next.lines_a_call * 64, next.lines_a_step);
             if (add)
                 add_rows(scratch, y + m0 * ldy + p * NR, ldy, r, ncols);
             else if (!direct)
@@ -223,12 +225,12 @@ static void column_block_silu(const AOperand *A, const uint16_t *w, const float 
         const int64_t r = M - m0 < 32 ? M - m0 : 32;
         const int two = r > 16;
         const uint16_t *a = rows_at(A, m0);
-        const NextRows next = next_rows(A, m0, M, K, p1 - p0 < 2 ? 1 : 2 * (p1 - p0));
+        const NextRows next = next_rows(A, m0, M, K, p1 - p0, 2); /* gate, then up */
         for (int64_t p = p0; p < p1; p++) {
-            const char *pf = next.at + 2 * (p - p0) * next.lines_a_panel * 64;
+            const char *pf = next.at + 2 * (p - p0) * next.lines_a_call * 64;
             block(a, A, w + p * panel, K2, bg[p - p0], g, NR * 4, two, pf, next.lines_a_step);
             block(a, A, w + (p + up) * panel, K2, bu[p - p0], u, NR * 4, two,
-                  pf + next.lines_a_panel * 64, next.lines_a_step);
+                  pf + next.lines_a_call * 64, next.lines_a_step);
             for (int64_t i = 0; i < r; i++) {
                 const float *gi = g + i * NR, *ui = u + i * NR;
                 const __m512 lo = silu_mul16(_mm512_load_ps(gi), _mm512_load_ps(ui));
