@@ -226,6 +226,40 @@ def test_a_smaller_kv_cache_is_read_by_the_kernel_and_stays_close_to_hf(
     assert exact_prefix(reference, got, MAX_NEW) >= min_same
 
 
+@pytest.mark.parametrize("kv", ["bfloat16", "int8", "fp8"])
+def test_slots_never_written_are_never_read(loaded, prompts, kv):
+    """On CPU the cache is allocated unwritten (no seconds of zeros at start-up, int8 and fp8
+    too): a cache whose every slot holds NaN before the first step gives the same tokens as a
+    zeroed one, chunked prompts and prefix hits included, so no kernel reads past what a
+    sequence wrote (0 x NaN would be NaN)."""
+    from jobrunner.engine.paged import PagedEngine
+
+    def tokens(fill) -> list[list[int]]:
+        cfg = JobConfig()
+        cfg.model.kv_cache_dtype = kv
+        cfg.engine.kv_cache_bytes = 64 << 20
+        cfg.engine.max_batch_tokens = 256
+        engine = PagedEngine(loaded, cfg)
+        assert engine.runner.decode_kernel and engine.runner.prefill_kernel
+        for pair in engine.kv.layers:
+            for cache in pair:
+                for t in (
+                    (cache,) if isinstance(cache, torch.Tensor) else (cache.codes, cache.scales)
+                ):
+                    fill(t)
+        results = run(engine, requests(prompts[:12]))
+        assert engine.block_manager.num_hits > 0
+        return [results[str(i)].token_ids for i in range(12)]
+
+    def poison(t: torch.Tensor) -> None:
+        if t.dtype == torch.uint8:  # codes: any byte is a value; fp8 0x7f is NaN
+            t.fill_(0x7F)
+        else:
+            t.fill_(float("nan"))
+
+    assert tokens(poison) == tokens(lambda t: t.zero_())
+
+
 def test_the_real_model_runs_the_one_pass_norm_and_gated_silu(loaded, prompts, monkeypatch):
     """The model's own modules (transformers' SiLUActivation, LlamaRMSNorm) take the native
     one-pass kernels, not the torch fallbacks they are checked against."""

@@ -160,6 +160,12 @@ def decode_supported(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype in DTYPES and load() is not None
 
 
+def decode_supported_format(kv_format: str, device: torch.device) -> bool:
+    """Whether the decode kernel can read an 8-bit KV cache of this format (engine/quant/kv.py)
+    on this device."""
+    return device.type == "cpu" and kv_format in QUANTIZED and load() is not None
+
+
 def supports(cache: object) -> bool:
     """Whether the decode kernel can read this layer cache in place: a plain tensor, or a
     quantized cache's codes and scales."""

@@ -35,11 +35,14 @@ KV_FORMATS = {
 class QuantizedKV:
     """One layer's K (or V): codes (nkv, num_blocks, bs, hd) as bytes + scales (nkv, nb, bs, 1)."""
 
-    def __init__(self, fmt: KVFormat, shape: tuple[int, ...], dtype: torch.dtype, device):
+    def __init__(
+        self, fmt: KVFormat, shape: tuple[int, ...], dtype: torch.dtype, device, zeroed=True
+    ):
         self.fmt = fmt
         self.dtype = dtype  # the compute dtype gathers return
-        self.codes = torch.zeros(shape, dtype=torch.uint8, device=device)
-        self.scales = torch.zeros((*shape[:-1], 1), dtype=SCALE_DTYPE, device=device)
+        new = torch.zeros if zeroed else torch.empty  # see allocate
+        self.codes = new(shape, dtype=torch.uint8, device=device)
+        self.scales = new((*shape[:-1], 1), dtype=SCALE_DTYPE, device=device)
 
     @property
     def shape(self) -> torch.Size:
@@ -78,9 +81,14 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: s
     return 2 * num_layers * num_kv_heads * KV_FORMATS[fmt].bytes_per_value_head(head_dim)
 
 
-def allocate(num_layers: int, shape: tuple[int, ...], fmt: str, dtype, device) -> list:
+def allocate(
+    num_layers: int, shape: tuple[int, ...], fmt: str, dtype, device, zeroed: bool = True
+) -> list:
+    """Each layer's K and V caches. `zeroed=False` leaves them unwritten: only for readers
+    that read written positions alone (the CPU kernels; a gather of whole blocks would meet
+    unwritten scales, and 0 x NaN is NaN), so start-up does not write zeros to gigabytes."""
     f = KV_FORMATS[fmt]
     return [
-        (QuantizedKV(f, shape, dtype, device), QuantizedKV(f, shape, dtype, device))
+        (QuantizedKV(f, shape, dtype, device, zeroed), QuantizedKV(f, shape, dtype, device, zeroed))
         for _ in range(num_layers)
     ]
