@@ -34,6 +34,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--only", default="short,long,decode", help="short, long, decode, b")
     p.add_argument("--rows", type=int, default=64, help="rows of the short prefill workload")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the job's")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | bfloat16 | int8 | fp8 ...")
     p.add_argument(
         "--runs",
         type=int,
@@ -173,6 +174,7 @@ def main() -> None:
     cfg = JobConfig()
     cfg.model.max_model_len = 4096
     cfg.engine.prefix_caching = False  # every prompt token computed, as counted
+    cfg.model.kv_cache_dtype = args.kv_cache_dtype
     if args.max_batch_tokens:
         cfg.engine.max_batch_tokens = args.max_batch_tokens
     wrap_modules()

@@ -68,7 +68,7 @@ def load() -> ctypes.CDLL | None:
     lib.kv_write_q8.argtypes = [_ptr] * 7 + [_i64] * 8 + [ctypes.c_int] * 2
     lib.paged_prefill.restype = ctypes.c_int
     lib.paged_prefill.argtypes = [_ptr, _i64] + [_ptr] * 4 + [ctypes.c_int, _ptr] + [_i64] * 7
-    lib.paged_prefill.argtypes += [ctypes.c_float, _ptr, ctypes.c_int]
+    lib.paged_prefill.argtypes += [ctypes.c_float, _ptr, ctypes.c_int, ctypes.c_int]
     lib.paged_prefill_supports.restype = ctypes.c_int
     lib.paged_prefill_supports.argtypes = [_i64] * 3
     lib.rope_inplace.restype = None
@@ -247,9 +247,12 @@ def paged_prefill(
         out = torch.empty(n, nh, hd, dtype=torch.float32)
     (k, k_scales, code), (v, v_scales, _) = _cache_args(k_cache), _cache_args(v_cache)
     table = block_ids.to(torch.int64).contiguous()
+    # an 8-bit cache of a bfloat16 model may take the bfloat16 tiles (csrc/paged_prefill_amx.c)
+    tiles_8bit = int(getattr(k_cache, "dtype", None) == torch.bfloat16 and k_scales is not None)
     rc = lib.paged_prefill(
         q.data_ptr(), q.stride(0), k, v, k_scales, v_scales, code, table.data_ptr(),
         start, n, nh, nkv, hd, num_blocks, bs, scale, out.data_ptr(), torch.get_num_threads(),
+        tiles_8bit,
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"paged_prefill: head layout nh={nh} nkv={nkv} hd={hd} not supported")

@@ -34,7 +34,8 @@
 #include "prefill_tile.h"
 #include "vexp.h"
 
-int paged_prefill_amx(const float *q, int64_t ldq, const uint16_t *k, const uint16_t *v,
+int paged_prefill_amx(const float *q, int64_t ldq, const void *k, const void *v,
+                      const uint16_t *k_scale, const uint16_t *v_scale, int dtype,
                       const int64_t *table, int64_t start, int64_t n, int64_t nh, int64_t nkv,
                       int64_t hd, int64_t num_blocks, int64_t bs, float scale, float *out,
                       int threads);
@@ -559,11 +560,14 @@ int paged_prefill(const float *q, int64_t ldq, const void *k, const void *v,
                   const uint16_t *k_scale,
                   const uint16_t *v_scale, int dtype, const int64_t *table, int64_t start,
                   int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs,
-                  float scale, float *out, int threads) {
+                  float scale, float *out, int threads, int tiles_8bit) {
     if (!paged_prefill_supports(nh, nkv, hd) || start + n >= INT32_MAX) return 2;
-    /* AMX tiles where they are on; else (or without memory for their layout) the vector path */
-    if (dtype == BF16 && paged_prefill_amx(q, ldq, k, v, table, start, n, nh, nkv, hd, num_blocks,
-                                           bs, scale, out, threads) == 0)
+    /* AMX tiles where they are on (an 8-bit cache's rows rounded to bfloat16 on the way, when
+     * the caller computes in bfloat16 anyway); else (or without memory for their layout) the
+     * vector path */
+    if ((dtype == BF16 || (tiles_8bit && (dtype == I8 || dtype == FP8))) &&
+        paged_prefill_amx(q, ldq, k, v, k_scale, v_scale, dtype, table, start, n, nh, nkv, hd,
+                          num_blocks, bs, scale, out, threads) == 0)
         return 0;
     const Chunk J = {
         q, ldq, k, v, k_scale, v_scale, dtype, table, start, n, nh, nkv, hd, num_blocks, bs, scale, out};
@@ -585,10 +589,10 @@ int paged_prefill(const float *q, int64_t ldq, const void *k, const void *v,
                   const uint16_t *k_scale,
                   const uint16_t *v_scale, int dtype, const int64_t *table, int64_t start,
                   int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs,
-                  float scale, float *out, int threads) {
+                  float scale, float *out, int threads, int tiles_8bit) {
     (void)q, (void)ldq, (void)k, (void)v, (void)k_scale, (void)v_scale, (void)dtype, (void)table;
     (void)start, (void)n, (void)nh, (void)nkv, (void)hd, (void)num_blocks, (void)bs, (void)scale;
-    (void)out, (void)threads;
+    (void)out, (void)threads, (void)tiles_8bit;
     return 2;
 }
 
