@@ -5,7 +5,9 @@ Workloads
   b  the same prompts, ignore_eos, 64 new tokens
      (a) and (b) also run paged with a float16 and an int8 KV cache (--kv-cache-dtypes), with
      how many tokens stay equal to the run in the model's dtype, and with speculative decoding
-     (--speculative-tokens; its tokens must all stay equal)
+     (--speculative-tokens; its tokens must all stay equal), and measured a second time on one
+     engine, its KV cache's and heap's pages mapped by the first run, as vLLM's timed runs come
+     after a start-up that mapped its own (--no-warm: not)
   c  short questions behind one long shared system prompt, 64 new tokens, ignore_eos:
      paged with prefix caching on vs off
   d  a whole job (default 512 rows, 64 new tokens, EOS honoured), process start to exit:
@@ -148,6 +150,12 @@ def bench_mixed(runs: Runs, args, table: Table, baselines: dict[str, float]) -> 
         ours = runs.engine("paged", prompts, *work, **args.paged)
         note = f"busy {ours.busy_fraction:.0%}, preempt {ours.preemptions}"
         table.add(w, "jobrunner paged", ours.tokens, ours.seconds, note)
+        if args.warm:
+            got = runs.engine("paged", prompts, *work, warm=True, **args.paged)
+            note = "2nd run on one engine, prefix cache off; " + _same_tokens(
+                ours.token_ids, got.token_ids
+            )
+            table.add(w, "jobrunner paged, pages mapped", got.tokens, got.seconds, note)
         for kv in args.kv_cache_dtypes:
             got = runs.engine("paged", prompts, *work, kv, **args.paged)
             note = _same_tokens(ours.token_ids, got.token_ids)
@@ -364,6 +372,13 @@ def main() -> None:
         type=int,
         default=2,
         help="(a), (b): paged runs again with engine.speculative_tokens at this (0: not)",
+    )
+    p.add_argument(
+        "--no-warm",
+        dest="warm",
+        action="store_false",
+        help="(a), (b): skip the paged run measured a second time on one engine, whose pages "
+        "the first mapped (vLLM's timed runs follow a start-up that mapped its own)",
     )
     p.add_argument(
         "--same-process",
