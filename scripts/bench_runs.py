@@ -110,10 +110,11 @@ def run_engine(
     kind: str, loaded, reqs, kv_cache_dtype: str = "auto", inspect=None, warm=False, **engine
 ) -> tuple[int, float, object, list, float]:
     """(generated tokens, seconds, engine stats, each row's token ids in request order, the
-    process's CPU seconds over the same span). `inspect(engine)`, if given, runs after the
-    rows, before the engine is dropped. `warm`: the rows run twice on one engine, prefix cache
-    off, and the second run is the one measured: its cache and heap pages were mapped by the
-    first, as a vLLM engine's are by its start-up (a zero-filled cache, a profiling step)."""
+    process's CPU seconds over the same span), after the engine's warm-up. `inspect(engine)`,
+    if given, runs after the rows, before the engine is dropped. `warm`: the rows run twice on
+    one engine, prefix cache off, and the second run is the one measured: its cache and heap
+    pages were mapped by the first, as a vLLM engine's are by its start-up (a zero-filled
+    cache, a profiling step)."""
     from dataclasses import replace
 
     from jobrunner.engine.engines import ENGINES
@@ -126,6 +127,9 @@ def run_engine(
     if warm:
         cfg.engine.prefix_caching = False
     eng = ENGINES.get(kind)(loaded, cfg)
+    # as a job's load does (engine/start.py) and as bench_vllm.py warms vLLM up before timing:
+    # weights packed for the kernels and the kernels' first calls, not counted as the rows'
+    eng.warm_up()
     if warm:
         for _ in eng.generate(order_requests([replace(r) for r in reqs], 4096)):
             pass
