@@ -513,8 +513,8 @@ def load_baseline(path: str):
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.paged_decode.argtypes = [ptr] * 5 + [ctypes.c_int, ptr, i64, ptr]
     lib.paged_decode.argtypes += [i64] * 6 + [ctypes.c_float, ptr, ctypes.c_int]
-    lib.paged_prefill.argtypes = [ptr] * 5 + [ctypes.c_int, ptr] + [i64] * 7
-    lib.paged_prefill.argtypes += [ctypes.c_float, ptr, ctypes.c_int]
+    # today's signature (an older build ignores the arguments it does not take)
+    lib.paged_prefill.argtypes = cpu_kernels.load().paged_prefill.argtypes
     lib.paged_prefill_supports.argtypes = [i64] * 3
     lib.rms_norm.argtypes = [ptr, i64, ptr, ctypes.c_float, ptr, i64, i64, ctypes.c_int]
     lib.silu_mul.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int]

@@ -226,21 +226,47 @@ def test_a_smaller_kv_cache_is_read_by_the_kernel_and_stays_close_to_hf(
     assert exact_prefix(reference, got, MAX_NEW) >= min_same
 
 
-@pytest.mark.parametrize("kv", ["bfloat16", "int8", "fp8"])
-def test_slots_never_written_are_never_read(loaded, prompts, kv):
+@pytest.fixture(scope="module")
+def loaded_bf16():
+    from jobrunner.engine.loader import load_model
+
+    return load_model(ModelConfig(dtype="bfloat16"))
+
+
+@pytest.mark.parametrize(
+    ("kv", "model", "prefill_kernel", "draft"),
+    [
+        ("bfloat16", "float32", True, 0),
+        ("int8", "float32", True, 0),
+        ("fp8", "float32", True, 0),
+        ("int8", "bfloat16", True, 0),  # prompts on the AMX tiles where the CPU has them
+        ("int8", "float32", False, 0),  # prompts behind cached heads gathered by torch
+        ("bfloat16", "float32", True, 2),  # draft tokens checked by the decode kernel
+    ],
+)
+def test_slots_never_written_are_never_read(
+    loaded, loaded_bf16, prompts, monkeypatch, kv, model, prefill_kernel, draft
+):
     """On CPU the cache is allocated unwritten (no seconds of zeros at start-up, int8 and fp8
     too): a cache whose every slot holds NaN before the first step gives the same tokens as a
-    zeroed one, chunked prompts and prefix hits included, so no kernel reads past what a
-    sequence wrote (0 x NaN would be NaN)."""
+    zeroed one, chunked prompts and prefix hits included, so no path reads past what a sequence
+    wrote (0 x NaN would be NaN)."""
     from jobrunner.engine.paged import PagedEngine
+
+    source = loaded if model == "float32" else loaded_bf16
+    if not prefill_kernel:
+        monkeypatch.setattr(cpu_kernels, "prefill_supported", lambda *a: False)
 
     def tokens(fill) -> list[list[int]]:
         cfg = JobConfig()
         cfg.model.kv_cache_dtype = kv
         cfg.engine.kv_cache_bytes = 64 << 20
         cfg.engine.max_batch_tokens = 256
-        engine = PagedEngine(loaded, cfg)
-        assert engine.runner.decode_kernel and engine.runner.prefill_kernel
+        cfg.engine.speculative_tokens = draft
+        engine = PagedEngine(source, cfg)
+        if not engine.runner.decode_kernel:
+            pytest.skip("no native CPU kernels here: the cache is zeroed at allocation")
+        assert engine.runner.prefill_kernel == prefill_kernel
         for pair in engine.kv.layers:
             for cache in pair:
                 for t in (
@@ -249,6 +275,7 @@ def test_slots_never_written_are_never_read(loaded, prompts, kv):
                     fill(t)
         results = run(engine, requests(prompts[:12]))
         assert engine.block_manager.num_hits > 0
+        assert engine.stats.draft_tokens > 0 if draft else True
         return [results[str(i)].token_ids for i in range(12)]
 
     def poison(t: torch.Tensor) -> None:

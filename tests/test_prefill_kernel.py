@@ -182,8 +182,10 @@ def test_paged_prefill_reads_a_quantized_cache_in_place(fmt):
 def test_an_8_bit_cache_under_a_bfloat16_model_is_bfloat16_attention(fmt, hd, group, amx):
     """A bfloat16 model's 8-bit cache: with AMX on, the rows it attends are its codes times
     their scales rounded to bfloat16 (the tiles' input), queries and weights rounded as for a
-    bfloat16 cache; within the same tolerance of float64 attention over those rounded rows.
-    With AMX off, the vector path reads codes times scales in float32, as for a float32 model."""
+    bfloat16 cache; within the same tolerance of float64 attention over those rounded rows,
+    and not the float32 path's outputs (a float32 model's cache takes that one). With AMX off,
+    the vector path reads codes times scales in float32. The cache is allocated unwritten and
+    every slot the chunk does not see holds NaN: no path reads one."""
     from jobrunner.engine.quant.kv import KV_FORMATS, QuantizedKV
 
     g = torch.Generator().manual_seed(7)
@@ -191,20 +193,30 @@ def test_an_8_bit_cache_under_a_bfloat16_model_is_bfloat16_attention(fmt, hd, gr
     tiles = amx == "on"
     for start, n in [(0, 17), (90, 45), (0, 300), (200, 1)]:
         nb = -(-(start + n) // bs) + 3
+        block_ids = torch.randperm(nb, generator=g)[: -(-(start + n) // bs)]
+        pos = torch.arange(start + n)
+        slots = block_ids[pos // bs] * bs + pos % bs
         pair = []
         for _ in range(2):
-            c = QuantizedKV(KV_FORMATS[fmt], (nkv, nb, bs, hd), torch.bfloat16, "cpu")
-            c.write(torch.arange(nb * bs), torch.randn(nb * bs, nkv, hd, generator=g))
+            c = QuantizedKV(KV_FORMATS[fmt], (nkv, nb, bs, hd), torch.bfloat16, "cpu", False)
+            c.codes.fill_(0x7F)  # fp8: NaN
+            c.scales.fill_(float("nan"))
+            c.write(slots, torch.randn(start + n, nkv, hd, generator=g))
             pair.append(c)
-        block_ids = torch.randperm(nb, generator=g)[: -(-(start + n) // bs)]
         q = torch.randn(n, nkv * group, hd, generator=g)
         got = cpu_kernels.paged_prefill(q, *pair, block_ids, start, hd**-0.5)
         plain = [c.codes.view(c.fmt.storage).float() * c.scales.float() for c in pair]
+        used = q
         if tiles:  # the rows as the tiles read them, and the queries
-            plain, q = [p.bfloat16().float() for p in plain], q.bfloat16().float()
-        want = reference_prefill(q, *plain, block_ids, start, hd**-0.5)
+            plain, used = [p.bfloat16().float() for p in plain], q.bfloat16().float()
+        want = reference_prefill(used, *plain, block_ids, start, hd**-0.5)
         tol = 8e-3 if tiles else 2e-5
         torch.testing.assert_close(got.float(), want, atol=tol, rtol=0, msg=f"{start=} {n=}")
+        if tiles:  # the same cache under a float32 model: the float32 path, other outputs
+            for c in pair:
+                c.dtype = torch.float32
+            other = cpu_kernels.paged_prefill(q, *pair, block_ids, start, hd**-0.5)
+            assert (got.float() - other).abs().max() > 1e-4, f"{start=} {n=}"
 
 
 def test_layouts_the_kernel_does_not_cover_are_left_to_torch():

@@ -76,6 +76,16 @@ class Engine:
         """Do the one-off work of a first step before the first row (engine/start.py calls it,
         inside the load time). Default: nothing."""
 
+    def reset_stats(self) -> None:
+        """Fresh counters, the cache's size and the notes kept: what ran before (a warm-up)
+        is not the next rows' work."""
+        old = self.stats
+        self.stats = EngineStats(
+            num_kv_blocks=old.num_kv_blocks, kv_bytes_per_token=old.kv_bytes_per_token
+        )
+        self.stats.notes = old.notes
+        old.step_log.close()
+
     def request_stop(self) -> None:
         """Stop admitting work; generate() returns soon, dropping unfinished rows (rerun redoes them)."""
         self._stop_requested = True

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from jobrunner.engine.base import Engine, EngineStats
+from jobrunner.engine.base import Engine
 from jobrunner.engine.finish import error_result
 from jobrunner.engine.paged.detok import Detokenizer, FinishedRow
 from jobrunner.engine.paged.kv_cache import kv_cache_for
@@ -104,12 +104,7 @@ class PagedEngine(Engine):
         rows = [Request(f"warm-up {i}", [0] * WARM_UP_TOKENS, sampling) for i in range(2)]
         for _ in self.run_samples(iter(rows)):
             pass
-        old = self.stats
-        self.stats = EngineStats(
-            num_kv_blocks=old.num_kv_blocks, kv_bytes_per_token=old.kv_bytes_per_token
-        )
-        self.stats.notes = old.notes
-        old.step_log.close()
+        self.reset_stats()
         self._attempts = self._clean_steps = 0
 
     # ------------------------------------------------------------------ the loop
