@@ -155,15 +155,10 @@ def _build() -> Path:
     return build_library("cpu", SOURCES, HEADERS)
 
 
-def decode_supported(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the decode kernel can read a plain KV cache of this dtype on this device."""
-    return device.type == "cpu" and dtype in DTYPES and load() is not None
-
-
-def decode_supported_format(kv_format: str, device: torch.device) -> bool:
-    """Whether the decode kernel can read an 8-bit KV cache of this format (engine/quant/kv.py)
-    on this device."""
-    return device.type == "cpu" and kv_format in QUANTIZED and load() is not None
+def decode_supported(stored: torch.dtype | str, device: torch.device) -> bool:
+    """Whether the decode kernel can read a KV cache stored as this on this device: a plain
+    cache's dtype, or an 8-bit format's name (engine/quant/kv.py)."""
+    return device.type == "cpu" and (stored in DTYPES or stored in QUANTIZED) and load() is not None
 
 
 def supports(cache: object) -> bool:

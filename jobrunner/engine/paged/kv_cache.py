@@ -105,12 +105,13 @@ def allocate_kv_cache(
     kv_format: str = "auto",
 ) -> KVCache:
     shape = (num_kv_heads, num_blocks + 1, block_size, head_dim)  # + the scratch block
-    if kv_format not in ("auto", *HALF_FORMATS):
-        zeroed = not cpu_kernels.decode_supported_format(kv_format, device)
+    quantized = kv_format not in ("auto", *HALF_FORMATS)
+    stored = kv_format if quantized else HALF_FORMATS.get(kv_format, dtype)
+    zeroed = not cpu_kernels.decode_supported(stored, device)  # see the module's docstring
+    if quantized:
         layers = allocate(num_layers, shape, kv_format, dtype, device, zeroed)
     else:
-        stored = HALF_FORMATS.get(kv_format, dtype)
-        new = torch.empty if cpu_kernels.decode_supported(stored, device) else torch.zeros
+        new = torch.zeros if zeroed else torch.empty
         layers = [
             (new(shape, dtype=stored, device=device), new(shape, dtype=stored, device=device))
             for _ in range(num_layers)
