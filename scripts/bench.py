@@ -152,7 +152,7 @@ def bench_mixed(runs: Runs, args, table: Table, baselines: dict[str, float]) -> 
         table.add(w, "jobrunner paged", ours.tokens, ours.seconds, note)
         if args.warm:
             got = runs.engine("paged", prompts, *work, warm=True, **args.paged)
-            note = "2nd run on one engine, prefix cache off; " + _same_tokens(
+            note = "2nd run on one engine, prefix cache emptied; " + _same_tokens(
                 ours.token_ids, got.token_ids
             )
             table.add(w, "jobrunner paged, pages mapped", got.tokens, got.seconds, note)

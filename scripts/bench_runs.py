@@ -112,9 +112,9 @@ def run_engine(
     """(generated tokens, seconds, engine stats, each row's token ids in request order, the
     process's CPU seconds over the same span), after the engine's warm-up. `inspect(engine)`,
     if given, runs after the rows, before the engine is dropped. `warm`: the rows run twice on
-    one engine, prefix cache off, and the second run is the one measured: its cache and heap
-    pages were mapped by the first, as a vLLM engine's are by its start-up (a zero-filled
-    cache, a profiling step)."""
+    one engine, the prefix cache emptied between them, and the second run is the one measured:
+    the same work, on cache and heap pages the first mapped, as a vLLM engine's are by its
+    start-up (a zero-filled cache, a profiling step)."""
     from dataclasses import replace
 
     from jobrunner.engine.engines import ENGINES
@@ -124,8 +124,6 @@ def run_engine(
     cfg.model.kv_cache_dtype = kv_cache_dtype
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
-    if warm:
-        cfg.engine.prefix_caching = False
     eng = ENGINES.get(kind)(loaded, cfg)
     # as a job's load does (engine/start.py) and as bench_vllm.py warms vLLM up before timing:
     # weights packed for the kernels and the kernels' first calls, not counted as the rows'
@@ -133,6 +131,7 @@ def run_engine(
     if warm:
         for _ in eng.generate(order_requests([replace(r) for r in reqs], 4096)):
             pass
+        eng.reset_prefix_cache()  # the same work again: no prompt head is cached
         eng.reset_stats()  # the stats returned are the measured run's
     t0, cpu0 = time.perf_counter(), time.process_time()
     results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}

@@ -36,6 +36,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the job's")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | bfloat16 | int8 | fp8 ...")
     p.add_argument(
+        "--block-size", type=int, default=None, help="KV cache block; default: the job's"
+    )
+    p.add_argument(
         "--runs",
         type=int,
         default=1,
@@ -180,6 +183,8 @@ def main() -> None:
     cfg.model.kv_cache_dtype = args.kv_cache_dtype
     if args.max_batch_tokens:
         cfg.engine.max_batch_tokens = args.max_batch_tokens
+    if args.block_size:
+        cfg.engine.block_size = args.block_size
     wrap_modules()
     for name, (prompts, new) in workloads(loaded.tokenizer).items():
         if name not in args.only.split(","):

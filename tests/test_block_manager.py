@@ -149,3 +149,20 @@ def test_sched_imports_no_torch():
 
     code = "import sys, jobrunner.sched, jobrunner.prep.order; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_reset_prefix_cache_forgets_heads_and_reuses_their_blocks():
+    """A reset between two runs of the same rows makes the second compute every prompt again
+    (equal work), on the blocks the first run mapped, not on untouched ones."""
+    bm = BlockManager(num_blocks=100, block_size=4)
+    a = make_seq(list(range(10)))
+    computed(bm, a, 10)
+    assert not bm.reset_prefix_cache()  # a holds blocks: nothing changes
+    assert bm.cached_prefix(make_seq(list(range(10)))) == [0, 1]
+    bm.free(a)
+    assert bm.reset_prefix_cache()
+    b = make_seq(list(range(10)))
+    assert bm.cached_prefix(b) == []
+    assert bm.num_free_blocks == 100
+    computed(bm, b, 10)
+    assert sorted(b.block_table) == [0, 1, 2] and bm.high_water == 3

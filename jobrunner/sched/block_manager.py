@@ -107,6 +107,19 @@ class BlockManager:
         self.num_hits += len(hits)
         seq.num_computed_tokens = len(hits) * self.block_size
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block while no sequence holds one: they become free blocks that
+        are reused first (their memory stays mapped), and no later row hits them. False, and
+        no change, while any block is in use."""
+        if any(self.ref_counts):
+            return False
+        self.recycled.extend(self.evictable)  # the most recently freed is reused first
+        self.evictable.clear()
+        self.hash_to_block.clear()
+        self.block_hash = [None] * self.num_blocks
+        self.block_tokens = [None] * self.num_blocks
+        return True
+
     # ------------------------------------------------------------------ allocation
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:

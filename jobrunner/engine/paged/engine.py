@@ -104,8 +104,14 @@ class PagedEngine(Engine):
         rows = [Request(f"warm-up {i}", [0] * WARM_UP_TOKENS, sampling) for i in range(2)]
         for _ in self.run_samples(iter(rows)):
             pass
+        self.reset_prefix_cache()  # the warm-up's blocks hold no row's prompt
         self.reset_stats()
         self._attempts = self._clean_steps = 0
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prompt heads cached so far (BlockManager.reset_prefix_cache): False while
+        rows are in flight."""
+        return self.block_manager.reset_prefix_cache()
 
     # ------------------------------------------------------------------ the loop
 
