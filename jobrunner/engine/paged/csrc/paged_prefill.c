@@ -69,32 +69,49 @@ static inline void key_offsets(const Chunk *J, int64_t head_base, int64_t t0, in
 
 enum { QT = 16, KSPAN = 64 }; /* query tokens per tile; keys per online-softmax update */
 
+/* A masked score where the scores are in log2 units (tile_bf16): finite, so exp2_16 of it less
+ * a real max is 0, not NaN, and a max that starts there gives alpha 0 at the first span. */
+#define MASKED_LOG2 (-1e30f)
+
 /* The online softmax over a span's ns keys, lane-wise for the G heads' 16 tokens: scores p (key,
  * G, 16) become weights in place, the running max m and sum grow, and the outputs acc (G, 16
- * tokens, hd) are rescaled to the new max. */
+ * tokens, hd) are rescaled to the new max. The scores are in natural-log units, masked ones
+ * -inf, and exp_neg16 (about 1 ulp) makes the weights; or, with `log2` (tile_bf16, whose weights
+ * are rounded to bfloat16 next), in log2 units, masked ones MASKED_LOG2, and exp2_16 does (3e-6
+ * relative; 7 instructions against 12, and no mask). */
 static inline __attribute__((always_inline)) void softmax_span(float *p, int64_t ns, __m512 *m,
                                                                __m512 *sum, float *acc, const int G,
-                                                               const int C) {
+                                                               const int C, const int log2) {
     const int64_t hd = 16 * C;
     for (int j = 0; j < G; j++) {
         __m512 mx = m[j];
         for (int64_t t = 0; t < ns; t++)
             mx = _mm512_max_ps(mx, _mm512_load_ps(p + (t * G + j) * 16));
-        /* every lane sees key 0, so after the first span no lane's max is -inf */
-        const __m512 alpha = exp_neg16(_mm512_sub_ps(m[j], mx));
+        /* every lane sees key 0, so after the first span no lane's max is masked; a lane whose
+         * max stays keeps alpha 1 exactly (exp2_16(0) is 1 + 2.5e-6) */
+        const __mmask16 moved = _mm512_cmp_ps_mask(mx, m[j], _CMP_NEQ_OQ);
+        const __m512 alpha =
+            log2 ? _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), moved,
+                                      exp2_16(_mm512_sub_ps(m[j], mx)))
+                 : exp_neg16(_mm512_sub_ps(m[j], mx));
         __m512 e_sum = _mm512_setzero_ps();
         for (int64_t t = 0; t < ns; t++) {
             float *pt = p + (t * G + j) * 16;
             const __m512 x = _mm512_load_ps(pt);
-            const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-            const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(x, mx)));
+            __m512 e;
+            if (log2) {
+                e = exp2_16(_mm512_sub_ps(x, mx));
+            } else {
+                const __mmask16 live =
+                    _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+                e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(x, mx)));
+            }
             e_sum = _mm512_add_ps(e_sum, e);
             _mm512_store_ps(pt, e);
         }
         sum[j] = _mm512_fmadd_ps(sum[j], alpha, e_sum);
-        const __mmask16 moved = _mm512_cmp_ps_mask(mx, m[j], _CMP_NEQ_OQ);
         m[j] = mx;
-        if (!moved) continue; /* alpha is 1 in every lane: the outputs stay as they are */
+        if (!moved) continue; /* no lane's max moved: the outputs stay as they are */
         float al[16] __attribute__((aligned(64)));
         _mm512_store_ps(al, alpha);
         for (int64_t qi = 0; qi < QT; qi++) { /* the outputs rescaled to the new max */
@@ -107,12 +124,12 @@ static inline __attribute__((always_inline)) void softmax_span(float *p, int64_t
 }
 
 /* TB keys' scores a[b * G + j] (keys t0.., of which `live_keys` are real) times the scale, into
- * p (key, G, 16 tokens); causal: a lane whose position is before key t gets -inf, as does every
- * lane of a key past the real ones. */
+ * p (key, G, 16 tokens); causal: a lane whose position is before key t gets `masked` (-inf, or
+ * MASKED_LOG2), as does every lane of a key past the real ones. */
 static inline __attribute__((always_inline)) void store_scores(float *p, const __m512 *a,
                                                                __m512i pos, __m512 sc, int64_t t0,
                                                                int64_t live_keys, const int TB,
-                                                               const int G) {
+                                                               const int G, const float masked) {
 #pragma GCC unroll 16
     for (int b = 0; b < TB; b++) {
         const __mmask16 live =
@@ -122,7 +139,7 @@ static inline __attribute__((always_inline)) void store_scores(float *p, const _
 #pragma GCC unroll 8
         for (int j = 0; j < G; j++)
             _mm512_store_ps(p + (b * G + j) * 16,
-                            _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, a[b * G + j], sc));
+                            _mm512_mask_mul_ps(_mm512_set1_ps(masked), live, a[b * G + j], sc));
     }
 }
 
@@ -208,10 +225,11 @@ static inline __attribute__((always_inline)) void tile_avx512(const Chunk *J, in
                             a[b * G + j] = _mm512_fmadd_ps(kb, qv[j], a[b * G + j]);
                     }
                 }
-                store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G);
+                store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G,
+                             -INFINITY);
             }
         }
-        softmax_span(p, ns, m, sum, acc, G, C);
+        softmax_span(p, ns, m, sum, acc, G, C, 0);
         if (J->dtype == I8 || J->dtype == FP8) /* a V row's scale, folded into its weights */
             for (int64_t t = 0; t < ns; t++) {
                 const __m512 f = _mm512_set1_ps(code_scale(J->dtype, J->v_scale, offs[t], hd));
@@ -292,9 +310,9 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     __m512 m[G], sum[G];
     query_pairs(J, i0, qn, h, qt, G, C);
     memset(acc, 0, sizeof(acc));
-    for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(-INFINITY), sum[j] = _mm512_setzero_ps();
+    for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(MASKED_LOG2), sum[j] = _mm512_setzero_ps();
     const __m512i pos = lane_positions(J->start + i0, L);
-    const __m512 sc = _mm512_set1_ps(J->scale);
+    const __m512 sc = _mm512_set1_ps(J->scale * 1.44269504088896341f); /* log2 units */
     for (int64_t s0 = 0; s0 < L; s0 += KSPAN) {
         const int64_t ns = L - s0 < KSPAN ? L - s0 : KSPAN, np = (ns + 1) / 2;
         key_offsets(J, head_base, s0, ns, offs);
@@ -318,10 +336,11 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
                             a[b * G + j] = _mm512_dpbf16_ps(a[b * G + j], kb, (__m512bh)qv[j]);
                     }
                 }
-                store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G);
+                store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G,
+                             MASKED_LOG2);
             }
         }
-        softmax_span(p, ns, m, sum, acc, G, C);
+        softmax_span(p, ns, m, sum, acc, G, C, 1);
         for (int64_t tp = 0; tp < np; tp++) { /* weights and V rows as key pairs (t, t+1) */
             const int64_t t0 = 2 * tp, t1 = t0 + 1 < ns ? t0 + 1 : -1; /* an odd tail: weight 0 */
             for (int j = 0; j < G; j++) {
