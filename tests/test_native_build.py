@@ -42,3 +42,18 @@ def test_extra_flags_come_after_ours_so_they_win(monkeypatch):
     monkeypatch.setenv(native_build.EXTRA_FLAGS_ENV, "-O1 -g")
     flags = native_build.compile_flags("x86_64")
     assert flags.index("-O1") > flags.index("-O3") and flags[-1] == "-g"
+
+
+def test_sources_compile_apart_and_link_into_one_library(source, tmp_path):
+    """Each source is compiled on its own (in parallel), then linked: a function of one source
+    calls into another, and a source that does not compile fails the build with the compiler's
+    words and leaves nothing in the cache."""
+    other = tmp_path / "twice.c"
+    other.write_text("int mark(void);\nint twice(void) { return 2 * mark(); }\n")
+    lib = native_build.build_library("pair", [source, other], [])
+    assert ctypes.CDLL(str(lib)).twice() == 2
+    broken = tmp_path / "broken.c"
+    broken.write_text("int broken(void) { return undeclared_name; }\n")
+    with pytest.raises(RuntimeError, match="undeclared_name"):
+        native_build.build_library("broken", [source, broken], [])
+    assert sorted(p.name for p in lib.parent.iterdir()) == [lib.name]
