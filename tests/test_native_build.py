@@ -18,9 +18,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def source(tmp_path, monkeypatch):
     monkeypatch.setenv("JOBRUNNER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(
-        native_build.EXTRA_FLAGS_ENV, raising=False
-    )  # scripts/asan_kernels.sh sets it
+    # scripts/asan_kernels.sh sets extra flags: these tests start from none
+    monkeypatch.delenv(native_build.EXTRA_FLAGS_ENV, raising=False)
     src = tmp_path / "mark.c"
     src.write_text("#ifndef MARK\n#define MARK 1\n#endif\nint mark(void) { return MARK; }\n")
     return src

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from jobrunner.engine import first_use
 from jobrunner.engine.resolve import writable_cache_dir
+from jobrunner.telemetry.device import cpu_count
 
 EXTRA_FLAGS_ENV = "JOBRUNNER_KERNEL_CFLAGS"
 
@@ -49,9 +50,8 @@ def _compile_and_link(cc: str, flags: list[str], sources: list[Path], work: Path
     compiles = [
         [cc, *flags, "-c", str(s), "-o", str(o)] for s, o in zip(sources, objects, strict=True)
     ]
-    with ThreadPoolExecutor(max_workers=_cores()) as pool:
-        for _ in pool.map(_run, compiles):
-            pass
+    with ThreadPoolExecutor(max_workers=max(1, cpu_count())) as pool:
+        list(pool.map(_run, compiles))  # the first failure raises
     _run([cc, *flags, *map(str, objects), "-o", str(out), "-lm"])
 
 
@@ -60,13 +60,6 @@ def _run(cmd: list[str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-
-
-def _cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def compile_flags(machine: str) -> list[str]:

@@ -69,16 +69,12 @@ static inline void key_offsets(const Chunk *J, int64_t head_base, int64_t t0, in
 
 enum { QT = 16, KSPAN = 64 }; /* query tokens per tile; keys per online-softmax update */
 
-/* A masked score where the scores are in log2 units (tile_bf16): finite, so exp2_16 of it less
- * a real max is 0, not NaN, and a max that starts there gives alpha 0 at the first span. */
-#define MASKED_LOG2 (-1e30f)
-
 /* The online softmax over a span's ns keys, lane-wise for the G heads' 16 tokens: scores p (key,
  * G, 16) become weights in place, the running max m and sum grow, and the outputs acc (G, 16
  * tokens, hd) are rescaled to the new max. The scores are in natural-log units, masked ones
  * -inf, and exp_neg16 (about 1 ulp) makes the weights; or, with `log2` (tile_bf16, whose weights
- * are rounded to bfloat16 next), in log2 units, masked ones MASKED_LOG2, and exp2_16 does (3e-6
- * relative; 7 instructions against 12, and no mask). */
+ * are rounded to bfloat16 next), in log2 units, masked ones PREFILL_MASKED (prefill_tile.h), and
+ * exp2_16 does (3e-6 relative; 7 instructions against 12, and no mask). */
 static inline __attribute__((always_inline)) void softmax_span(float *p, int64_t ns, __m512 *m,
                                                                __m512 *sum, float *acc, const int G,
                                                                const int C, const int log2) {
@@ -125,7 +121,7 @@ static inline __attribute__((always_inline)) void softmax_span(float *p, int64_t
 
 /* TB keys' scores a[b * G + j] (keys t0.., of which `live_keys` are real) times the scale, into
  * p (key, G, 16 tokens); causal: a lane whose position is before key t gets `masked` (-inf, or
- * MASKED_LOG2), as does every lane of a key past the real ones. */
+ * PREFILL_MASKED), as does every lane of a key past the real ones. */
 static inline __attribute__((always_inline)) void store_scores(float *p, const __m512 *a,
                                                                __m512i pos, __m512 sc, int64_t t0,
                                                                int64_t live_keys, const int TB,
@@ -310,9 +306,9 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     __m512 m[G], sum[G];
     query_pairs(J, i0, qn, h, qt, G, C);
     memset(acc, 0, sizeof(acc));
-    for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(MASKED_LOG2), sum[j] = _mm512_setzero_ps();
+    for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(PREFILL_MASKED), sum[j] = _mm512_setzero_ps();
     const __m512i pos = lane_positions(J->start + i0, L);
-    const __m512 sc = _mm512_set1_ps(J->scale * 1.44269504088896341f); /* log2 units */
+    const __m512 sc = _mm512_set1_ps(J->scale * EXP_LOG2E); /* log2 units */
     for (int64_t s0 = 0; s0 < L; s0 += KSPAN) {
         const int64_t ns = L - s0 < KSPAN ? L - s0 : KSPAN, np = (ns + 1) / 2;
         key_offsets(J, head_base, s0, ns, offs);
@@ -337,7 +333,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
                     }
                 }
                 store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G,
-                             MASKED_LOG2);
+                             PREFILL_MASKED);
             }
         }
         softmax_span(p, ns, m, sum, acc, G, C, 1);

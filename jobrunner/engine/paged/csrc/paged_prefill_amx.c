@@ -103,7 +103,6 @@ static void lay_out(const Cache *kv, const int64_t *table, int64_t bs, int64_t h
 /* How far (in powers of 2) a lane's running max may trail the scores before it is moved: the
  * weights stay below 2^8, and the outputs are rescaled only when a lane's max moves. */
 #define MAX_SLACK 8.0f
-#define MASKED (-1e30f) /* a masked score or an empty max: finite, so exp2_16 gives 0, not NaN */
 
 /* Keys s0..s0+ns-1 against the tile's 16 token positions: lanes a key is after are masked. */
 #define LIVE(t) _mm512_cmp_epi32_mask(pos, _mm512_set1_epi32((int)(s0 + (t))), _MM_CMPINT_NLT)
@@ -113,7 +112,7 @@ static inline __attribute__((always_inline)) __m512 weight(const float *p, int64
                                                            __m512i pos, const int diagonal,
                                                            __m512 c, __m512 m, int64_t stride) {
     __m512 y = _mm512_fmsub_ps(_mm512_load_ps(p + t * stride), c, m);
-    if (diagonal) y = _mm512_mask_mov_ps(_mm512_set1_ps(MASKED), LIVE(t), y);
+    if (diagonal) y = _mm512_mask_mov_ps(_mm512_set1_ps(PREFILL_MASKED), LIVE(t), y);
     return exp2_16(y);
 }
 
@@ -132,7 +131,7 @@ static inline __attribute__((always_inline)) void softmax_span(const float *p, u
     const int64_t stride = G * 16;
     p += j * 16, pw += j * 16;
     /* four running maxima in registers: one chain would wait on each max's latency */
-    __m512 m0 = _mm512_set1_ps(MASKED), m1 = m0, m2 = m0, m3 = m0;
+    __m512 m0 = _mm512_set1_ps(PREFILL_MASKED), m1 = m0, m2 = m0, m3 = m0;
 #define MAX_OF(acc, t)                                                                      \
     acc = diagonal ? _mm512_mask_max_ps(acc, LIVE(t), acc, _mm512_load_ps(p + (t) * stride)) \
                    : _mm512_max_ps(acc, _mm512_load_ps(p + (t) * stride))
@@ -217,9 +216,9 @@ static inline __attribute__((always_inline)) void tile_item(const Chunk *C_, con
             for (int e = 0; e < 16; e++) _mm512_store_si512(qt + ((e0 + e) * G + j) * 16, r[e]);
         }
     memset(acc, 0, sizeof(acc));
-    for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(MASKED), sum[j] = _mm512_setzero_ps();
+    for (int j = 0; j < G; j++) m[j] = _mm512_set1_ps(PREFILL_MASKED), sum[j] = _mm512_setzero_ps();
     const __m512i pos = lane_positions(C_->start + i0, L);
-    const __m512 c = _mm512_set1_ps(C_->scale * 1.44269504088896341f); /* scores as powers of 2 */
+    const __m512 c = _mm512_set1_ps(C_->scale * EXP_LOG2E); /* scores as powers of 2 */
     const int64_t first = C_->start + i0; /* the tile's first query position */
     for (int64_t s0 = 0; s0 < L; s0 += SPAN) {
         const int64_t ns = L - s0 < SPAN ? L - s0 : SPAN, steps = (ns + 31) / 32;

@@ -6,6 +6,11 @@
 
 #include "isa.h"
 
+/* A masked score, or a running max before the first key, where scores are powers of 2 (the AMX
+ * path, and tile_bf16 in paged_prefill.c): finite, so exp2_16 of it less a real max is 0, not
+ * NaN, and a max that starts there gives the first span's rescale factor 0. */
+#define PREFILL_MASKED (-1e30f)
+
 #if defined(JR_AVX512)
 /* Lane qi's position start + qi; padding lanes take the last real one, L - 1 (their output is
  * not stored). */
