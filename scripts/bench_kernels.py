@@ -389,7 +389,10 @@ def torch_decode(q, k, v, tables, lens):
 
 def bench_decode(clock: Clock, baseline) -> None:
     print("\n[decode] one layer's decode attention, SmolLM2 heads, block size 16")
-    for dtype in (torch.float32, torch.float16):
+    dtypes = [torch.float32, torch.float16]
+    if cpu_kernels.gemm_bf16_supported():  # the mixed mode's cache, on vdpbf16ps
+        dtypes.append(torch.bfloat16)
+    for dtype in dtypes:
         for rows, ctx in ((52, 540), (256, 300), (16, 2000)):
             q, k, v, tables, lens = decode_case(rows, ctx, dtype)
             nbytes = 2 * k.numel() * k.element_size()

@@ -31,7 +31,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--only", default="short,long,decode", help="short, long, decode, b")
+    p.add_argument("--only", default="short,long,decode", help="short, long, decode, b, d")
     p.add_argument("--rows", type=int, default=64, help="rows of the short prefill workload")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the job's")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | bfloat16 | int8 | fp8 ...")
@@ -52,7 +52,7 @@ args = parse_args()
 os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
 import torch  # noqa: E402
-from bench import mixed_prompts, prefill_flops  # noqa: E402
+from bench import chat_ids, job_texts, mixed_prompts, prefill_flops  # noqa: E402
 from bench_kernels import peak_flops  # noqa: E402
 from bench_runs import requests  # noqa: E402
 
@@ -72,13 +72,18 @@ class Parts:
         self.seconds = {"prefill": defaultdict(float), "decode": defaultdict(float)}
         self.flops = {"prefill": defaultdict(float), "decode": defaultdict(float)}
         self.steps = {"prefill": 0, "decode": 0}
+        self.tokens = {"prefill": 0, "decode": 0}  # the steps' rows of input
         self.kind = "decode"
 
-    def timed(self, part: str, fn):
+    def timed(self, part: str, fn, within: str | None = None):
+        """fn timed as `part`; one `within` another part is a share of that part's time,
+        printed under it and not counted twice."""
+
         def wrapper(*a, **kw):
             t0 = time.process_time()
             out = fn(*a, **kw)
-            self.seconds[self.kind][part] += time.process_time() - t0
+            key = f"{within}/{part}" if within else part
+            self.seconds[self.kind][key] += time.process_time() - t0
             return out
 
         return wrapper
@@ -120,6 +125,7 @@ def instrument(eng, parts: Parts) -> None:
     def step(input_ids, positions, meta, kv_caches, logits_rows):
         parts.kind = "decode" if input_ids.shape[0] == logits_rows.shape[0] else "prefill"
         parts.steps[parts.kind] += 1
+        parts.tokens[parts.kind] += input_ids.shape[0]
         return parts.timed("forward", forward)(input_ids, positions, meta, kv_caches, logits_rows)
 
     m.small_rows, m._norm, m.forward = linear, parts.timed("norms", norm), step
@@ -130,22 +136,31 @@ PARTS: list[Parts] = [Parts()]  # the workload being timed
 
 
 def wrap_modules() -> None:
-    def timed(part: str, fn):
-        return lambda *a, **kw: PARTS[0].timed(part, fn)(*a, **kw)
+    def timed(part: str, fn, within: str | None = None):
+        return lambda *a, **kw: PARTS[0].timed(part, fn, within)(*a, **kw)
 
     paged_model.paged_attention = timed("attention", paged_model.paged_attention)
+    cpu_kernels.paged_prefill = timed("prompt chunks", cpu_kernels.paged_prefill, "attention")
+    cpu_kernels.paged_decode = timed("decode rows", cpu_kernels.paged_decode, "attention")
     cpu_kernels.silu_mul = timed("silu x up", cpu_kernels.silu_mul)
     cpu_kernels.rope_ = timed("rope", cpu_kernels.rope_)
     cpu_kernels.rope_kv_write_ = timed("rope+kv", cpu_kernels.rope_kv_write_)
 
 
-def workloads(tokenizer) -> dict[str, tuple[list[list[int]], int]]:
-    """name: (prompts, new tokens a row)."""
+def workloads(tokenizer) -> dict[str, tuple[list[list[int]], int, bool]]:
+    """name: (prompts, new tokens a row, whether EOS is ignored)."""
     short = mixed_prompts(tokenizer, args.rows, 256)
     long = [p for p in mixed_prompts(tokenizer, 64, 2700) if len(p) >= 1500][:4]
     decode = mixed_prompts(tokenizer, 32, 600)
     bench_b = mixed_prompts(tokenizer, 64, 2700)  # bench.py (b): 64 rows, 64 new tokens
-    return {"short": (short, 1), "long": (long, 1), "decode": (decode, 32), "b": (bench_b, 64)}
+    bench_d = [chat_ids(tokenizer, t) for t in job_texts(tokenizer, 512, 1024)]  # (d), EOS kept
+    return {
+        "short": (short, 1, True),
+        "long": (long, 1, True),
+        "decode": (decode, 32, True),
+        "b": (bench_b, 64, True),
+        "d": (bench_d, 64, False),
+    }
 
 
 def report(name: str, parts: Parts, peak: float, flops_prefill: float | None) -> None:
@@ -154,8 +169,10 @@ def report(name: str, parts: Parts, peak: float, flops_prefill: float | None) ->
         total = sec.pop("forward", 0.0)
         if not parts.steps[kind] or total <= 0:
             continue
+        shares = {k: sec.pop(k) for k in [k for k in sec if "/" in k]}
         rest = total - sum(sec.values())
-        line = f"{name} {kind}: {parts.steps[kind]} steps, {total:.2f} s of CPU"
+        line = f"{name} {kind}: {parts.steps[kind]} steps of {parts.tokens[kind]} tokens"
+        line += f", {total:.2f} s of CPU"
         if kind == "prefill" and flops_prefill:
             rate = flops_prefill / total * args.threads
             line += f", {rate / 1e9:.1f} GFLOP/s = {rate / peak:.0%} of peak"
@@ -166,6 +183,9 @@ def report(name: str, parts: Parts, peak: float, flops_prefill: float | None) ->
                 rate = fl[part] / s * args.threads
                 note = f"  {rate / 1e9:.1f} GFLOP/s = {rate / peak:.0%} of peak"
             print(f"  {part:<10} {s:7.2f} s {s / total:6.1%}{note}")
+            for key, t in shares.items():
+                if key.startswith(part + "/"):
+                    print(f"    {key.split('/')[1]:<14} {t:7.2f} s")
 
 
 def main() -> None:
@@ -186,7 +206,7 @@ def main() -> None:
     if args.block_size:
         cfg.engine.block_size = args.block_size
     wrap_modules()
-    for name, (prompts, new) in workloads(loaded.tokenizer).items():
+    for name, (prompts, new, ignore_eos) in workloads(loaded.tokenizer).items():
         if name not in args.only.split(","):
             continue
         eng = ENGINES.get("paged")(loaded, cfg)
@@ -194,13 +214,15 @@ def main() -> None:
         for run in range(args.runs):
             parts = Parts()
             instrument(eng, parts)
-            reqs = requests(prompts, new, True)
+            reqs = requests(prompts, new, ignore_eos)
             t0, sys0 = time.perf_counter(), os.times().system
-            list(eng.generate(order_requests(reqs, 4096)))
+            done = list(eng.generate(order_requests(reqs, 4096)))
             tokens = sum(map(len, prompts))
+            made = sum(r.usage.completion_tokens for r in done)
             label = f"{name} (run {run + 1})" if args.runs > 1 else name
             print(
-                f"\n{label}: {len(prompts)} rows, {tokens} prompt tokens, {new} new tokens a row,"
+                f"\n{label}: {len(prompts)} rows, {tokens} prompt tokens, {made} generated (at most"
+                f" {new} a row),"
             )
             print(
                 f"  {time.perf_counter() - t0:.2f} s wall, "
