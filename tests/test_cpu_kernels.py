@@ -311,22 +311,25 @@ def test_small_gemm_bf16_is_exact_on_bfloat16_rounded_rows(bf16_path, n, k):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
 
 
-@pytest.mark.parametrize("n,k", [(32, 64), (1536, 576), (96, 1536), (48, 64), (64, 70)])
+@pytest.mark.parametrize(
+    "n,k", [(32, 64), (1536, 576), (96, 1536), (48, 64), (64, 70), (32, 33), (64, 1)]
+)
 def test_fused_gate_up_silu_gives_the_linear_then_the_product_bit_for_bit(bf16_path, n, k):
-    """silu(gate) * up straight from a fused gate/up weight, where the AMX path takes the step,
-    equals the linear and then silu_mul exactly (a row's tokens do not depend on which ran),
-    with and without a bias, strided rows, at row counts around the 16- and 32-row blocks and
-    past the rows kept in L2; elsewhere (few rows, no AMX, n or K off the tiles) it declines."""
+    """silu(gate) * up straight from a fused gate/up weight equals the linear and then silu_mul
+    exactly (a row's tokens do not depend on which ran), on the AMX tiles (steps of their rows,
+    n and K multiples of 32) and on vdpbf16ps (every other step, any K, the 7-row blocks), with
+    and without a bias, strided rows, at row counts around the blocks and past the rows kept in
+    L2, from float32 rows and from the bfloat16 rows they round to; n off the 32-column
+    panels declines (None: the caller runs the two)."""
     g = torch.Generator().manual_seed(6)
     w = (torch.randn(2 * n, k, generator=g) / k**0.5).to(torch.bfloat16)
     b = torch.randn(2 * n, generator=g)
     packed = cpu_kernels.pack_gemm_weight_bf16(w)
-    fits = bf16_path == "amx" and n % 32 == 0 and k % 32 == 0
-    for rows in (1, 15, 16, 17, 32, 33, 300, 1000):
+    for rows in (1, 6, 7, 8, 15, 16, 17, 32, 33, 300, 1000):
         x = torch.randn(rows, 2 * k, generator=g)[:, :k] * 3
         for bias in (b, None):
             got = cpu_kernels.small_gemm_bf16_silu(x, packed, bias, n)
-            if not fits or rows < cpu_kernels.amx_rows():
+            if n % 32:
                 assert got is None
                 continue
             want = cpu_kernels.silu_mul(cpu_kernels.small_gemm_bf16(x, packed, bias, 2 * n))

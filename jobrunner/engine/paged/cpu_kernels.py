@@ -424,7 +424,8 @@ def small_gemm_bf16(
 ) -> torch.Tensor:  # (M, N) float32
     """x @ w.T + bias with bfloat16 weights: x rounded to bfloat16, float32 accumulation.
     bfloat16 x is taken as the float32 rows it was rounded from would be (the same bits): read
-    in place where the step takes the AMX tiles, else widened first."""
+    in place by the AMX tiles and by the vdpbf16ps kernel, widened first only where neither
+    is built."""
     x = _rows(x)
     m, k = x.shape
     _check_bf16_linear("small_gemm_bf16", x, packed, bias, k, n)
@@ -447,16 +448,16 @@ def small_gemm_bf16_silu(
     bias: torch.Tensor | None,  # (2n,) float32
     n: int,
 ) -> torch.Tensor | None:  # (M, n) bfloat16
-    """silu(x Wg^T + bg) * (x Wu^T + bu) in one pass where the step takes the AMX tiles, rounded
-    to bfloat16 for the down projection (which takes such rows in place): the same bits as
-    small_gemm_bf16 then silu_mul, then that rounding, without writing out the (M, 2n)
-    projection. None where it does not (few rows, no AMX, n or K not a multiple of 32): run
-    those two."""
+    """silu(x Wg^T + bg) * (x Wu^T + bu) in one pass, on the AMX tiles where the step takes them
+    (n and K multiples of 32), else on vdpbf16ps (n a multiple of 32), rounded to bfloat16 for
+    the down projection (which takes such rows in place): the same bits as small_gemm_bf16
+    then silu_mul, then that rounding, without writing out the (M, 2n) projection. None where
+    neither kernel takes it (no AVX-512 BF16, n off the 32-column panels): run those two."""
     x = _rows(x)
     m, k = x.shape
     if x.dtype not in (torch.float32, torch.bfloat16) or packed.dtype != torch.bfloat16:
         return None
-    if packed.shape[1] != k // 2:
+    if packed.shape[1] != (k + 1) // 2:
         return None
     y = x.new_empty(m, n, dtype=torch.bfloat16)
     b = _contiguous(bias)

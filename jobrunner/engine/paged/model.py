@@ -134,9 +134,12 @@ class PagedCausalLM:
 
     def _rounds(self, fused: Fused | None, mods: list[nn.Module], rows: int) -> bool:
         """Whether the norm before these fused linears hands them rows rounded to bfloat16:
-        float32 rows of bfloat16 linears, in a step of `rows` that takes the AMX tiles (which
-        read such rows in place; elsewhere they would only be widened again)."""
-        return self.rounds_rows and _current(fused, mods) and 0 < cpu_kernels.amx_rows() <= rows
+        float32 rows of bfloat16 linears, where a kernel reads such rows in place (the AMX
+        tiles in a step of `rows` that takes them, or vdpbf16ps; torch's linears would only
+        widen them again). The linear rounds float32 rows the same way: the same bits."""
+        if not (self.rounds_rows and _current(fused, mods)):
+            return False
+        return 0 < cpu_kernels.amx_rows() <= rows or cpu_kernels.gemm_bf16_supported()
 
     def _rows_linear(self, x: torch.Tensor):
         """The small-row linear for x: rows rounded to bfloat16 (_rounds) take its `rounded`."""

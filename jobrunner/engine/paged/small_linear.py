@@ -86,13 +86,14 @@ class SmallRowLinear:
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     ) -> torch.Tensor | None:
         """silu(gate) * up of the fused gate/up linear (w: gate rows, then as many up rows) in
-        one kernel where the step takes AMX tiles (cpu_kernels.small_gemm_bf16_silu), as
-        bfloat16 rows for the down projection (`rounded`); None elsewhere, and the caller runs
-        the linear and then the product. x: float32 rows, or bfloat16 ones (`rounded`)."""
+        one kernel (cpu_kernels.small_gemm_bf16_silu: AMX tiles or vdpbf16ps), as bfloat16
+        rows for the down projection (`rounded`); None where neither takes it, and the caller
+        runs the linear and then the product. x: float32 rows, or bfloat16 ones (`rounded`)."""
         rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
-        if not rows_ok or w.dtype != torch.bfloat16:
+        if not rows_ok or w.dtype != torch.bfloat16 or (w.shape[0] // 2) % 32:
             return None
-        if not 0 < cpu_kernels.amx_rows() <= x.shape[0]:  # no AMX step: no output to allocate
+        amx_step = 0 < cpu_kernels.amx_rows() <= x.shape[0]
+        if not (amx_step or cpu_kernels.gemm_bf16_supported()):  # no output to allocate
             return None
         return cpu_kernels.small_gemm_bf16_silu(x, self._packed(w), self._float(b), w.shape[0] // 2)
 

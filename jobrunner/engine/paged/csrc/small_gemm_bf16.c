@@ -24,11 +24,14 @@
 
 #include "amx.h"
 #include "bf16_pairs.h"
+#include "silu.h"
 
 #define NR 32 /* output columns per panel */
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
+#define MR_SILU 7 /* the same with a gate panel and its up panel: 4 accumulators a row */
 
 int small_gemm_bf16_panel(void) { return NR; }
+int small_gemm_bf16_fast(void);
 
 int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
                    float *y, int64_t ldy, int add, int64_t M, int64_t N, int64_t K,
@@ -55,21 +58,28 @@ static int takes_amx(int64_t M, int64_t K) {
  * in one pass, where the step takes the AMX tiles (and N/2 is a multiple of 32, K of 32); x:
  * float32 or, x_bf16, bfloat16 rows. 3 where it does not, and the caller runs the linear and
  * then silu_mul (act_norm.c). */
+static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                     const float *bias, void *y, int64_t M, int64_t N, int64_t K, int threads,
+                     int silu);
+
 int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                          const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
                          int threads) {
     if (takes_amx(M, K) && N % (2 * NR) == 0 && (!x_bf16 || ldx >= K))
         return small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
-    return 3;
+    if (!small_gemm_bf16_fast() || N % (2 * NR) != 0) return 3;
+    return gemm_bf16(x, ldx, x_bf16, w, bias, y, M, N, K, threads, 1);
 }
 
-/* small_gemm_bf16() for bfloat16 rows x, where the step takes the AMX tiles (which load them in
- * place); 3 where it does not, and the caller widens them to float32 (exactly) and calls that. */
+/* small_gemm_bf16() for bfloat16 rows x (the same bits as the float32 rows they were rounded
+ * from): on the AMX tiles, which load them in place, or as vdpbf16ps pairs, which are their
+ * words; 3 where neither kernel is built, and the caller widens them to float32 (exactly). */
 int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, const float *bias,
                          float *y, int64_t M, int64_t N, int64_t K, int threads) {
     if (takes_amx(M, K) && ldx >= K) /* rows that do not overlap (a_operand copies K each) */
         return small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
-    return 3;
+    if (!small_gemm_bf16_fast()) return 3;
+    return gemm_bf16(x, ldx, 1, w, bias, y, M, N, K, threads, 0);
 }
 
 /* y (M x N, row stride ldy) += x W^T + b where the step takes the AMX tiles: each block's
@@ -140,12 +150,65 @@ static void tile_rows(const uint32_t *x, const uint16_t *w, const char *pf, int6
     }
 }
 
+/* One block of `rows` rows of pairs x against a gate panel wg and its up panel wu of a fused
+ * gate/up weight: y (bfloat16, row stride ldy) = silu(gate) * up, from the same float32 sums
+ * and the same product (silu.h) as the linear and then act_norm.c's silu_mul, rounded as the
+ * down projection rounds its rows, so the bits match that path's. */
+static inline __attribute__((always_inline)) void tile_silu(const uint32_t *x, const uint16_t *wg,
+                                                            const uint16_t *wu, uint16_t *y,
+                                                            int64_t ldy, const float *bg,
+                                                            const float *bu, int64_t K2,
+                                                            const int rows) {
+    const __m512 g0 = bg ? _mm512_loadu_ps(bg) : _mm512_setzero_ps();
+    const __m512 g1 = bg ? _mm512_loadu_ps(bg + 16) : _mm512_setzero_ps();
+    const __m512 u0 = bu ? _mm512_loadu_ps(bu) : _mm512_setzero_ps();
+    const __m512 u1 = bu ? _mm512_loadu_ps(bu + 16) : _mm512_setzero_ps();
+    __m512 a[4 * MR_SILU];
+#pragma GCC unroll 7
+    for (int m = 0; m < rows; m++) {
+        a[4 * m] = g0, a[4 * m + 1] = g1, a[4 * m + 2] = u0, a[4 * m + 3] = u1;
+        __builtin_prefetch(y + m * ldy, 1, 3);
+    }
+    for (int64_t k = 0; k < K2; k++) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wg + k * NR * 2);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wg + k * NR * 2 + 32);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wu + k * NR * 2);
+        const __m512bh w3 = (__m512bh)_mm512_loadu_si512(wu + k * NR * 2 + 32);
+#pragma GCC unroll 7
+        for (int m = 0; m < rows; m++) {
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)x[k * rows + m]);
+            a[4 * m] = _mm512_dpbf16_ps(a[4 * m], xb, w0);
+            a[4 * m + 1] = _mm512_dpbf16_ps(a[4 * m + 1], xb, w1);
+            a[4 * m + 2] = _mm512_dpbf16_ps(a[4 * m + 2], xb, w2);
+            a[4 * m + 3] = _mm512_dpbf16_ps(a[4 * m + 3], xb, w3);
+        }
+    }
+#pragma GCC unroll 7
+    for (int m = 0; m < rows; m++) {
+        const __m512 lo = silu_mul16(a[4 * m], a[4 * m + 2]);
+        const __m512 hi = silu_mul16(a[4 * m + 1], a[4 * m + 3]);
+        _mm256_storeu_si256((__m256i *)(y + m * ldy), (__m256i)_mm512_cvtneps_pbh(lo));
+        _mm256_storeu_si256((__m256i *)(y + m * ldy + 16), (__m256i)_mm512_cvtneps_pbh(hi));
+    }
+}
+
+static void tile_silu_rows(const uint32_t *x, const uint16_t *wg, const uint16_t *wu, uint16_t *y,
+                           int64_t ldy, const float *bg, const float *bu, int64_t K2, int rows) {
+    switch (rows) { /* one register-resident specialisation per row count */
+#define TILE(n) \
+    case n: tile_silu(x, wg, wu, y, ldy, bg, bu, K2, n); break;
+        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7)
+#undef TILE
+    }
+}
+
 /* One block of up to 16 rows of float32 x (rows, K), stride ldx, as bfloat16 pairs k-major
- * (K2, rows), the odd tail zero: 16 pairs of each row converted at a time and transposed in
+ * (K2, rows), the odd tail zero (bfloat16 rows, x_bf16: their words as they are, nothing past
+ * K read): 16 pairs of each row converted at a time and transposed in
  * registers, so each k pair's `rows` words are one masked store (the scalar scatter of each
  * word took a quarter of a 1,024-row linear's time on Zen 5). */
-static void to_pairs(const float *x, int64_t ldx, uint32_t *out, int64_t rows, int64_t K,
-                     int64_t K2) {
+static void to_pairs(const void *x, int64_t ldx, int x_bf16, uint32_t *out, int64_t rows,
+                     int64_t K, int64_t K2) {
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
     for (int64_t k = 0; k < 2 * K2; k += 32) {
         const int64_t n = K - k;
@@ -159,7 +222,12 @@ static void to_pairs(const float *x, int64_t ldx, uint32_t *out, int64_t rows, i
                 r[m] = _mm512_setzero_si512();
                 continue;
             }
-            const float *row = x + m * ldx + k;
+            if (x_bf16) { /* bfloat16 rows: their words are the pairs, nothing past K read */
+                const uint16_t *row = (const uint16_t *)x + m * ldx + k;
+                r[m] = _mm512_maskz_loadu_epi16(((__mmask32)hi << 16) | lo, row);
+                continue;
+            }
+            const float *row = (const float *)x + m * ldx + k;
             const __m512 a = _mm512_maskz_loadu_ps(lo, row);
             const __m512 b = _mm512_maskz_loadu_ps(hi, row + 16);
             r[m] = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* word j: the pair (k + 2j, k + 2j + 1) */
@@ -196,17 +264,35 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
     }
 }
 
+/* gemm_rows for a fused gate/up weight (N columns: gate, then up; N/2 a multiple of NR): gate
+ * panel p with up panel p + N/2/NR, silu(gate) * up into y (M x N/2, bfloat16). */
+static void gemm_rows_silu(const uint32_t *x, int64_t K2, const uint16_t *w, const float *bias,
+                           uint16_t *y, int64_t M, int64_t N) {
+    const int64_t n = N / 2, panels = n / NR, blocks = (M + MR_SILU - 1) / MR_SILU;
+    const int64_t panel = K2 * NR * 2;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const uint16_t *wg = w + p * panel, *wu = w + (p + panels) * panel;
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t m0 = block_start(M, blocks, b), rows = block_start(M, blocks, b + 1) - m0;
+            tile_silu_rows(x + m0 * K2, wg, wu, y + m0 * n + p * NR, n, bias ? bias + p * NR : 0,
+                           bias ? bias + n + p * NR : 0, K2, (int)rows);
+        }
+    }
+}
+
 /* A slice of rows at a time whose pairs (MC_BYTES, at least 8 row blocks) stay in L2 while
  * every panel passes over them; each slice streams all of W again, so slices as large as L2
  * allows (Zen 4, 1 MB L2, 2 threads, SmolLM2's linears at 4,096 rows: 128 KB slices 70-71% of
  * peak, 512 KB 80-81%; equal at 64-1,024 rows). The threads round a slice's blocks to pairs,
- * then share its panels, in one parallel region. Returns nonzero when the scratch cannot be
- * allocated. */
+ * then share its panels, in one parallel region. x: float32 rows, or bfloat16 (x_bf16); y:
+ * float32 (M x N), or with `silu` bfloat16 silu(gate) * up (M x N/2). Returns nonzero when the
+ * scratch cannot be allocated. */
 #define MC_BYTES (512 * 1024)
-int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
-                    int64_t M, int64_t N, int64_t K, int threads) {
-    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 0, w, bias, y, N, 0, M, N, K, threads);
-    const int64_t K2 = (K + 1) / 2;
+static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                     const float *bias, void *y, int64_t M, int64_t N, int64_t K, int threads,
+                     int silu) {
+    const int64_t K2 = (K + 1) / 2, ny = silu ? N / 2 : N, xw = x_bf16 ? 2 : 4;
     int64_t mc = MC_BYTES / 4 / (K2 > 0 ? K2 : 1);
     mc = mc < 8 * MR ? 8 * MR : mc - mc % MR;
     if (mc > M) mc = M;
@@ -214,21 +300,40 @@ int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float 
     if (!pairs) return 1;
 #pragma omp parallel num_threads(threads < 1 ? 1 : threads)
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
-        const int64_t rows = M - m0 < mc ? M - m0 : mc, blocks = (rows + MR - 1) / MR;
+        const int64_t rows = M - m0 < mc ? M - m0 : mc;
+        const int64_t mr = silu ? MR_SILU : MR, blocks = (rows + mr - 1) / mr;
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) { /* each block k-major, as gemm_rows splits them */
             const int64_t r0 = block_start(rows, blocks, b), r1 = block_start(rows, blocks, b + 1);
-            to_pairs(x + (m0 + r0) * ldx, ldx, pairs + r0 * K2, r1 - r0, K, K2);
+            to_pairs((const char *)x + (m0 + r0) * ldx * xw, ldx, x_bf16, pairs + r0 * K2,
+                     r1 - r0, K, K2);
         }
-        gemm_rows(pairs, K2, w, bias, y + m0 * N, rows, N); /* its omp for ends in a barrier */
+        if (silu) /* its omp for ends in a barrier */
+            gemm_rows_silu(pairs, K2, w, bias, (uint16_t *)y + m0 * ny, rows, N);
+        else
+            gemm_rows(pairs, K2, w, bias, (float *)y + m0 * ny, rows, N);
     }
     free(pairs);
     return 0;
 }
 
+int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
+                    int64_t M, int64_t N, int64_t K, int threads) {
+    if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 0, w, bias, y, N, 0, M, N, K, threads);
+    return gemm_bf16(x, ldx, 0, w, bias, y, M, N, K, threads, 0);
+}
+
 #else
 
 int small_gemm_bf16_fast(void) { return 0; }
+
+static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
+                     const float *bias, void *y, int64_t M, int64_t N, int64_t K, int threads,
+                     int silu) {
+    (void)x, (void)ldx, (void)x_bf16, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K;
+    (void)threads, (void)silu;
+    return 2; /* not built: small_gemm_bf16_fast() says so first */
+}
 
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
