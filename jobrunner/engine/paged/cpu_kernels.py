@@ -475,9 +475,10 @@ def small_gemm_bf16_add_(
     bias: torch.Tensor | None,  # (N,) float32
     n: int,
 ) -> bool:
-    """y += x @ w.T + bias where the step takes the AMX tiles, each block added into y as it is
-    made: the same bits as `y += small_gemm_bf16(...)`, without writing the linear out and
-    reading it back. False (y untouched) where it does not: the caller runs those two."""
+    """y += x @ w.T + bias, each block added into y as it is made (AMX tiles where the step
+    takes them, else vdpbf16ps): the same bits as `y += small_gemm_bf16(...)`, without writing
+    the linear out and reading it back. False (y untouched) where neither kernel is built or y
+    is not float32 with unit column stride: the caller runs those two."""
     x = _rows(x)
     m, k = x.shape
     _check_bf16_linear("small_gemm_bf16_add_", x, packed, bias, k, n)

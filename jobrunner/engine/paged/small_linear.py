@@ -72,8 +72,8 @@ class SmallRowLinear:
         self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     ) -> None:
         """y += the linear of x (float32 rows, or bfloat16 ones: `rounded`), added block by
-        block as the AMX tiles make it where the step takes them (the same bits; nothing the
-        size of y written and read back), else the linear and then the add."""
+        block as the kernel makes it (AMX tiles or vdpbf16ps: the same bits; nothing the size
+        of y written and read back), else the linear and then the add."""
         rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
         if w.dtype == torch.bfloat16 and rows_ok and y.dtype == torch.float32:
             n = w.shape[0]

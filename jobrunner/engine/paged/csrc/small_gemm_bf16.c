@@ -58,9 +58,10 @@ static int takes_amx(int64_t M, int64_t K) {
  * in one pass, where the step takes the AMX tiles (and N/2 is a multiple of 32, K of 32); x:
  * float32 or, x_bf16, bfloat16 rows. 3 where it does not, and the caller runs the linear and
  * then silu_mul (act_norm.c). */
+enum { STORE, ADD, SILU }; /* gemm_bf16: y = the linear, y += it, y = silu(gate) * up */
 static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
-                     const float *bias, void *y, int64_t M, int64_t N, int64_t K, int threads,
-                     int silu);
+                     const float *bias, void *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                     int threads, int mode);
 
 int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                          const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
@@ -68,7 +69,7 @@ int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t 
     if (takes_amx(M, K) && N % (2 * NR) == 0 && (!x_bf16 || ldx >= K))
         return small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
     if (!small_gemm_bf16_fast() || N % (2 * NR) != 0) return 3;
-    return gemm_bf16(x, ldx, x_bf16, w, bias, y, M, N, K, threads, 1);
+    return gemm_bf16(x, ldx, x_bf16, w, bias, y, N / 2, M, N, K, threads, SILU);
 }
 
 /* small_gemm_bf16() for bfloat16 rows x (the same bits as the float32 rows they were rounded
@@ -79,18 +80,22 @@ int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, cons
     if (takes_amx(M, K) && ldx >= K) /* rows that do not overlap (a_operand copies K each) */
         return small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
     if (!small_gemm_bf16_fast()) return 3;
-    return gemm_bf16(x, ldx, 1, w, bias, y, M, N, K, threads, 0);
+    return gemm_bf16(x, ldx, 1, w, bias, y, N, M, N, K, threads, STORE);
 }
 
-/* y (M x N, row stride ldy) += x W^T + b where the step takes the AMX tiles: each block's
- * outputs added into y from L1 as they are made, the same bits as the linear then `y += it`,
- * without writing the linear out or reading it back (a residual stream updated in place). x:
- * float32 or, x_bf16, bfloat16 rows. 3 where it does not: the caller runs those two. */
+/* y (M x N, row stride ldy) += x W^T + b: each block's outputs added into y as they are made
+ * (on the AMX tiles from L1; on vdpbf16ps from its registers), the same bits as the linear
+ * then `y += it`, without writing the linear out or reading it back (a residual stream
+ * updated in place). x: float32 or, x_bf16, bfloat16 rows. 3 where neither kernel is built:
+ * the caller runs those two. */
 int small_gemm_bf16_add(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                         const float *bias, float *y, int64_t ldy, int64_t M, int64_t N,
                         int64_t K, int threads) {
-    if (!takes_amx(M, K) || (x_bf16 && ldx < K) || ldy < N) return 3;
-    return small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
+    if (ldy < N) return 3;
+    if (takes_amx(M, K) && (!x_bf16 || ldx >= K))
+        return small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
+    if (!small_gemm_bf16_fast()) return 3;
+    return gemm_bf16(x, ldx, x_bf16, w, bias, y, ldy, M, N, K, threads, ADD);
 }
 
 #if defined(JR_AVX512) && defined(__AVX512BF16__)
@@ -98,12 +103,12 @@ int small_gemm_bf16_add(const void *x, int64_t ldx, int x_bf16, const uint16_t *
 int small_gemm_bf16_fast(void) { return 1; }
 
 /* One block of `rows` rows of pairs x, k-major (K2, rows), against one panel w: y = the sums
- * plus the bias. */
+ * plus the bias, or with `add` y += them. */
 static inline __attribute__((always_inline)) void tile(const uint32_t *x, const uint16_t *w,
                                                        const char *pf, int64_t bpk, float *y,
                                                        int64_t ldy, int64_t ncols,
                                                        const float *bias, int64_t K2,
-                                                       const int rows) {
+                                                       const int rows, const int add) {
     const __mmask16 k0 = ncols >= 16 ? 0xFFFF : (__mmask16)((1u << ncols) - 1);
     const __mmask16 k1 = ncols >= 32   ? 0xFFFF
                          : ncols <= 16 ? 0
@@ -134,16 +139,22 @@ static inline __attribute__((always_inline)) void tile(const uint32_t *x, const 
     }
 #pragma GCC unroll 14
     for (int m = 0; m < rows; m++) {
+        if (add) { /* y += the linear, one float32 add: the bits of writing it, then adding */
+            a0[m] = _mm512_add_ps(_mm512_maskz_loadu_ps(k0, y + m * ldy), a0[m]);
+            a1[m] = _mm512_add_ps(_mm512_maskz_loadu_ps(k1, y + m * ldy + 16), a1[m]);
+        }
         _mm512_mask_storeu_ps(y + m * ldy, k0, a0[m]);
         _mm512_mask_storeu_ps(y + m * ldy + 16, k1, a1[m]);
     }
 }
 
 static void tile_rows(const uint32_t *x, const uint16_t *w, const char *pf, int64_t bpk, float *y,
-                      int64_t ldy, int64_t ncols, const float *bias, int64_t K2, int rows) {
-    switch (rows) { /* one register-resident specialisation per row count */
+                      int64_t ldy, int64_t ncols, const float *bias, int64_t K2, int rows,
+                      int add) {
+    switch (rows + 16 * add) { /* one register-resident specialisation per row count */
 #define TILE(n) \
-    case n: tile(x, w, pf, bpk, y, ldy, ncols, bias, K2, n); break;
+    case n: tile(x, w, pf, bpk, y, ldy, ncols, bias, K2, n, 0); break; \
+    case n + 16: tile(x, w, pf, bpk, y, ldy, ncols, bias, K2, n, 1); break;
         TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7)
         TILE(8) TILE(9) TILE(10) TILE(11) TILE(12) TILE(13) TILE(14)
 #undef TILE
@@ -247,7 +258,7 @@ static inline int64_t block_start(int64_t M, int64_t blocks, int64_t b) {
 /* Every panel of W against the slice's `M` rows of pairs x, the panels shared out among the
  * threads of the enclosing parallel region. */
 static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const float *bias,
-                      float *y, int64_t M, int64_t N) {
+                      float *y, int64_t ldy, int add, int64_t M, int64_t N) {
     const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR;
     const int64_t panel = K2 * NR * 2; /* bfloat16 values a panel */
 #pragma omp for schedule(static)
@@ -258,8 +269,8 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t m0 = block_start(M, blocks, b), rows = block_start(M, blocks, b + 1) - m0;
             const char *pf = next ? (const char *)next + b * panel * 2 / blocks : 0;
-            tile_rows(x + m0 * K2, wp, pf, NR * 4 * 256 / blocks, y + m0 * N + p * NR, N, ncols,
-                      bias ? bias + p * NR : 0, K2, (int)rows);
+            tile_rows(x + m0 * K2, wp, pf, NR * 4 * 256 / blocks, y + m0 * ldy + p * NR, ldy,
+                      ncols, bias ? bias + p * NR : 0, K2, (int)rows, add);
         }
     }
 }
@@ -286,13 +297,14 @@ static void gemm_rows_silu(const uint32_t *x, int64_t K2, const uint16_t *w, con
  * allows (Zen 4, 1 MB L2, 2 threads, SmolLM2's linears at 4,096 rows: 128 KB slices 70-71% of
  * peak, 512 KB 80-81%; equal at 64-1,024 rows). The threads round a slice's blocks to pairs,
  * then share its panels, in one parallel region. x: float32 rows, or bfloat16 (x_bf16); y:
- * float32 (M x N), or with `silu` bfloat16 silu(gate) * up (M x N/2). Returns nonzero when the
- * scratch cannot be allocated. */
+ * float32 (M x N, row stride ldy) written (STORE) or added to (ADD), or bfloat16 silu(gate) *
+ * up (SILU; M x N/2). Returns nonzero when the scratch cannot be allocated. */
 #define MC_BYTES (512 * 1024)
 static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
-                     const float *bias, void *y, int64_t M, int64_t N, int64_t K, int threads,
-                     int silu) {
-    const int64_t K2 = (K + 1) / 2, ny = silu ? N / 2 : N, xw = x_bf16 ? 2 : 4;
+                     const float *bias, void *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                     int threads, int mode) {
+    const int64_t K2 = (K + 1) / 2, xw = x_bf16 ? 2 : 4;
+    const int silu = mode == SILU;
     int64_t mc = MC_BYTES / 4 / (K2 > 0 ? K2 : 1);
     mc = mc < 8 * MR ? 8 * MR : mc - mc % MR;
     if (mc > M) mc = M;
@@ -309,9 +321,9 @@ static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                      r1 - r0, K, K2);
         }
         if (silu) /* its omp for ends in a barrier */
-            gemm_rows_silu(pairs, K2, w, bias, (uint16_t *)y + m0 * ny, rows, N);
+            gemm_rows_silu(pairs, K2, w, bias, (uint16_t *)y + m0 * (N / 2), rows, N);
         else
-            gemm_rows(pairs, K2, w, bias, (float *)y + m0 * ny, rows, N);
+            gemm_rows(pairs, K2, w, bias, (float *)y + m0 * ldy, ldy, mode == ADD, rows, N);
     }
     free(pairs);
     return 0;
@@ -320,7 +332,7 @@ static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int threads) {
     if (takes_amx(M, K)) return small_gemm_amx(x, ldx, 0, w, bias, y, N, 0, M, N, K, threads);
-    return gemm_bf16(x, ldx, 0, w, bias, y, M, N, K, threads, 0);
+    return gemm_bf16(x, ldx, 0, w, bias, y, N, M, N, K, threads, STORE);
 }
 
 #else
@@ -328,10 +340,10 @@ int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float 
 int small_gemm_bf16_fast(void) { return 0; }
 
 static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
-                     const float *bias, void *y, int64_t M, int64_t N, int64_t K, int threads,
-                     int silu) {
-    (void)x, (void)ldx, (void)x_bf16, (void)w, (void)bias, (void)y, (void)M, (void)N, (void)K;
-    (void)threads, (void)silu;
+                     const float *bias, void *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                     int threads, int mode) {
+    (void)x, (void)ldx, (void)x_bf16, (void)w, (void)bias, (void)y, (void)ldy, (void)M, (void)N;
+    (void)K, (void)threads, (void)mode;
     return 2; /* not built: small_gemm_bf16_fast() says so first */
 }
 
