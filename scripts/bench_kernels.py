@@ -8,8 +8,9 @@ At SmolLM2-135M's shapes (hidden 576, 9 query heads on 3 KV heads of 64, MLP 153
            come from memory as in a real step) for a few row counts: our kernel against oneDNN's
            prepacked linear and F.linear; GFLOP/s and weight bytes/s, against a torch sum over
            the same weight bytes (the memory roofline a reduction reaches)
-  decode   decode attention over a float32 and a float16 cache: our kernel against the torch
-           path (gather + SDPA); cache bytes/s against a torch sum over the same bytes
+  decode   decode attention over a float32, a float16 and (AVX-512 BF16) a bfloat16 cache: our
+           kernel against the torch path (gather + SDPA); cache bytes/s against a torch sum
+           over the same bytes
   prefill  prefill attention of chunks from position 0: our kernel against torch's flash
            attention for CPU; GFLOP/s and the share of the peak; over a bfloat16 cache too (the
            mixed mode's), with AMX off and on, against the bfloat16 peak
