@@ -122,15 +122,25 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
         lambda self, x, *a: rounded.append(x.shape[1]) or real(self, x, *a),
     )
 
+    taken = []  # the fused kernels that ran (not declined)
+    real_kernel_add = cpu_kernels.small_gemm_bf16_add_
+
+    def kernel_add(*a):
+        added = real_kernel_add(*a)
+        return taken.append("add") or added if added else added
+
     def add_(self, y, x, w, b):
         if fused[0]:
             return real_add(self, y, x, w, b)
         y += self(x.float(), w, b)  # the linear written out, then added
 
+    def silu_gated(self, *a):  # off: the float32 product written out and rounded inside down
+        gated = real_gated(self, *a) if fused[0] else None
+        return gated if gated is None else taken.append("silu") or gated
+
+    monkeypatch.setattr(cpu_kernels, "small_gemm_bf16_add_", kernel_add)
     monkeypatch.setattr(SmallRowLinear, "add_", add_)
-    monkeypatch.setattr(  # off: the float32 product written out and rounded inside down
-        SmallRowLinear, "silu_gated", lambda self, *a: real_gated(self, *a) if fused[0] else None
-    )
+    monkeypatch.setattr(SmallRowLinear, "silu_gated", silu_gated)
 
     def run(rounds: bool):
         fused[0] = rounds
@@ -142,6 +152,7 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
     # the norm's rounded rows reach q/k/v's linear (gate/up and down take theirs in the fused
     # and the adding kernels, which read them the same way)
     assert set(rounded) == {models[1].model.config.hidden_size}
+    assert set(taken) == {"add", "silu"}  # the comparison ran the fused kernels, not fallbacks
 
 
 def test_rope_and_kv_write_in_one_pass_keep_every_bit(models, prompts, monkeypatch):

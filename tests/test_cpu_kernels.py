@@ -326,7 +326,7 @@ def test_fused_gate_up_silu_gives_the_linear_then_the_product_bit_for_bit(bf16_p
     b = torch.randn(2 * n, generator=g)
     packed = cpu_kernels.pack_gemm_weight_bf16(w)
     for rows in (1, 6, 7, 8, 15, 16, 17, 32, 33, 300, 1000):
-        x = torch.randn(rows, 2 * k, generator=g)[:, :k] * 3
+        x = (torch.randn(rows, 2 * k, generator=g) * 3)[:, :k]  # strided rows
         for bias in (b, None):
             got = cpu_kernels.small_gemm_bf16_silu(x, packed, bias, n)
             if n % 32:
@@ -335,22 +335,28 @@ def test_fused_gate_up_silu_gives_the_linear_then_the_product_bit_for_bit(bf16_p
             want = cpu_kernels.silu_mul(cpu_kernels.small_gemm_bf16(x, packed, bias, 2 * n))
             assert got.dtype == torch.bfloat16  # the down projection's rows
             assert torch.equal(got, want.to(torch.bfloat16)), (rows, bias is None)
-            rounded = cpu_kernels.small_gemm_bf16_silu(x.to(torch.bfloat16), packed, bias, n)
+            strided = torch.empty(rows, 2 * k, dtype=torch.bfloat16)[:, :k].copy_(x)
+            rounded = cpu_kernels.small_gemm_bf16_silu(strided, packed, bias, n)
             assert torch.equal(rounded, got), (rows, bias is None)
+    with pytest.raises(ValueError):  # a weight packed for other outputs: nothing read past it
+        cpu_kernels.small_gemm_bf16_silu(x, packed, None, n + 32)
+    with pytest.raises(ValueError):  # a bias of the gate half only
+        cpu_kernels.small_gemm_bf16_silu(x, packed, b[:n], n)
 
 
 @pytest.mark.parametrize("n,k", [(100, 64), (577, 1536), (33, 32), (40, 70)])
 def test_bfloat16_rows_give_the_bits_of_the_float32_rows_they_were_rounded_from(bf16_path, n, k):
     """A linear handed bfloat16 rows (a norm or the gate/up product rounded them as they were
-    made) returns exactly what it returns for the float32 rows: read in place on AMX tiles,
-    the last rows of a 32-row block from a padded copy (nothing past the tensor is read),
-    widened elsewhere; strided rows, row counts around the 16- and 32-row blocks."""
+    made) returns exactly what it returns for the float32 rows: read in place on AMX tiles (the
+    last rows of a 32-row block from a padded copy: nothing past the tensor is read) and as
+    vdpbf16ps's k pairs (masked: nothing past a row's K); strided rows, row counts around the
+    14-, 16- and 32-row blocks."""
     g = torch.Generator().manual_seed(7)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)
     b = torch.randn(n, generator=g)
     packed = cpu_kernels.pack_gemm_weight_bf16(w)
-    for rows in (1, 15, 16, 17, 31, 32, 33, 47, 300, 1000):
-        x = torch.randn(rows, 2 * k, generator=g)[:, :k].to(torch.bfloat16)
+    for rows in (1, 13, 14, 15, 16, 17, 31, 32, 33, 47, 300, 1000):
+        x = torch.randn(rows, 2 * k, generator=g).to(torch.bfloat16)[:, :k]  # strided
         for bias in (b, None):
             want = cpu_kernels.small_gemm_bf16(x.float(), packed, bias, n)
             got = cpu_kernels.small_gemm_bf16(x, packed, bias, n)
@@ -431,9 +437,9 @@ def test_a_linear_added_into_a_residual_in_place_gives_the_bits_of_the_add(bf16_
     b = torch.randn(n, generator=g)
     packed = cpu_kernels.pack_gemm_weight_bf16(w)
     for rows in (1, 13, 14, 15, 16, 17, 33, 300):
-        x = torch.randn(rows, k, generator=g)
+        x = torch.randn(rows, k + 3, generator=g)[:, :k]  # strided rows
         for rows_dtype, bias in ((torch.float32, b), (torch.bfloat16, None)):
-            xr = x.to(rows_dtype)
+            xr = torch.empty(rows, k + 3, dtype=rows_dtype)[:, :k].copy_(x)
             stream = torch.randn(rows, n + 5, generator=g) * 4
             y = stream[:, :n]
             want = y + cpu_kernels.small_gemm_bf16(xr, packed, bias, n)

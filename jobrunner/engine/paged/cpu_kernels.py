@@ -455,9 +455,8 @@ def small_gemm_bf16_silu(
     neither kernel takes it (no AVX-512 BF16, n off the 32-column panels): run those two."""
     x = _rows(x)
     m, k = x.shape
-    if x.dtype not in (torch.float32, torch.bfloat16) or packed.dtype != torch.bfloat16:
-        return None
-    if packed.shape[1] != (k + 1) // 2:
+    _check_bf16_linear("small_gemm_bf16_silu", x, packed, bias, k, 2 * n)
+    if n % 32:  # off the panels: neither kernel takes it
         return None
     y = x.new_empty(m, n, dtype=torch.bfloat16)
     b = _contiguous(bias)
@@ -477,8 +476,9 @@ def small_gemm_bf16_add_(
 ) -> bool:
     """y += x @ w.T + bias, each block added into y as it is made (AMX tiles where the step
     takes them, else vdpbf16ps): the same bits as `y += small_gemm_bf16(...)`, without writing
-    the linear out and reading it back. False (y untouched) where neither kernel is built or y
-    is not float32 with unit column stride: the caller runs those two."""
+    the linear out and reading it back. False (y untouched) where neither kernel takes it, or
+    y is not float32 with unit column stride and rows at least n apart: the caller runs those
+    two."""
     x = _rows(x)
     m, k = x.shape
     _check_bf16_linear("small_gemm_bf16_add_", x, packed, bias, k, n)

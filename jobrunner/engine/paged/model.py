@@ -8,8 +8,8 @@ A bfloat16 model on a CPU with AVX-512 BF16 computes with float32 activations (`
 its linears multiply bfloat16 weights by rows rounded to bfloat16 with float32 accumulation
 (csrc/small_gemm_bf16.c), and the residual stream, norms, RoPE and attention queries stay
 float32, so every row kernel takes them and nothing is rounded between layers; the KV cache
-stays bfloat16. In steps that take the AMX tiles, the rows a linear would round are rounded
-where they are made instead (the norms before q/k/v and gate/up, the fused gate/up product
+stays bfloat16. Where a kernel reads bfloat16 rows in place (vdpbf16ps, or the AMX tiles in
+the steps that take them), the rows a linear would round are rounded where they are made instead (the norms before q/k/v and gate/up, the fused gate/up product
 before down): the same bits, half the bytes, no rounding pass in the linear; and o_proj and
 down add into the residual stream as they make it (SmallRowLinear.add_), the same bits as the
 linear and then `h += it`. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in

@@ -1,11 +1,14 @@
 /* y = x W^T + b with bfloat16 weights, on CPUs with AVX-512 BF16 (Zen 4 and 5, Cooper Lake,
- * Sapphire Rapids and later): float32 x and y, float32 accumulation.
+ * Sapphire Rapids and later): float32 or bfloat16 x, float32 y (written, or added to a
+ * residual stream), float32 accumulation; or, for a fused gate/up weight, silu(gate) * up
+ * stored as bfloat16 rows for the down projection.
  *
  * The scheme of small_gemm.c with half the weight bytes and twice the arithmetic a vector
  * instruction: W (N, K) is packed once into panels of 32 output columns holding pairs of k,
  * (ceil(N/32), ceil(K/2), 32, 2) bfloat16, zero-padded, so one k pair of a panel is two 64-byte
  * vectors; x is rounded to bfloat16 a slice of rows at a time (round to nearest even, as
- * torch's .to(bfloat16)) into pairs, each block of rows k-major, (ceil(K/2), rows), so one
+ * torch's .to(bfloat16); bfloat16 rows are their own pairs) into pairs, each block of rows
+ * k-major, (ceil(K/2), rows), so one
  * pointer walks a block's rows (14 row pointers spilled to the stack: 7 reloads a k pair, 74%
  * of peak at 52 rows against 83% now). Each vdpbf16ps adds, for 16 columns, the products of
  * one row's k pair with the column's pair: 32 multiply-adds where a float32 FMA does 16. A
@@ -28,7 +31,8 @@
 
 #define NR 32 /* output columns per panel */
 #define MR 14 /* most rows per block: 28 accumulators + 2 weight vectors + 1 broadcast */
-#define MR_SILU 7 /* the same with a gate panel and its up panel: 4 accumulators a row */
+#define MR_SILU 7 /* a gate panel and its up panel: 28 accumulators, the 4 weight vectors and
+                     the broadcast from memory operands (33 would not fit in 32 registers) */
 
 int small_gemm_bf16_panel(void) { return NR; }
 int small_gemm_bf16_fast(void);
@@ -54,31 +58,40 @@ static int takes_amx(int64_t M, int64_t K) {
     return amx_rows > 0 && M >= amx_rows && K % 32 == 0 && amx_ready();
 }
 
-/* y (M x N/2, bfloat16) = silu(gate) * up of a fused gate/up linear (N columns, gate then up),
- * in one pass, where the step takes the AMX tiles (and N/2 is a multiple of 32, K of 32); x:
- * float32 or, x_bf16, bfloat16 rows. 3 where it does not, and the caller runs the linear and
- * then silu_mul (act_norm.c). */
 enum { STORE, ADD, SILU }; /* gemm_bf16: y = the linear, y += it, y = silu(gate) * up */
 static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                      const float *bias, void *y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                      int threads, int mode);
 
+/* The three entry points below: a step that takes the AMX tiles runs every linear of its rows
+ * on them, each entry point declining (3) what the tiles do not do, so the caller's fallback
+ * runs on the tiles too (the vdpbf16ps kernel sums in another order, and a row's bits must not
+ * depend on which entry point ran); the tiles do not load overlapping x_bf16 rows (ldx < K)
+ * in place. Other steps take vdpbf16ps where it is built. */
+
+/* y (M x N/2, bfloat16) = silu(gate) * up of a fused gate/up linear (N columns, gate then up,
+ * N/2 a multiple of 32), in one pass, on the AMX tiles or vdpbf16ps; x: float32 or, x_bf16,
+ * bfloat16 rows. 3 where neither takes it, and the caller runs the linear and then silu_mul
+ * (act_norm.c). */
 int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                          const float *bias, uint16_t *y, int64_t M, int64_t N, int64_t K,
                          int threads) {
-    if (takes_amx(M, K) && N % (2 * NR) == 0 && (!x_bf16 || ldx >= K))
-        return small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
-    if (!small_gemm_bf16_fast() || N % (2 * NR) != 0) return 3;
+    if (N % (2 * NR) != 0) return 3;
+    if (takes_amx(M, K))
+        return x_bf16 && ldx < K ? 3
+                                 : small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
+    if (!small_gemm_bf16_fast()) return 3;
     return gemm_bf16(x, ldx, x_bf16, w, bias, y, N / 2, M, N, K, threads, SILU);
 }
 
 /* small_gemm_bf16() for bfloat16 rows x (the same bits as the float32 rows they were rounded
  * from): on the AMX tiles, which load them in place, or as vdpbf16ps pairs, which are their
- * words; 3 where neither kernel is built, and the caller widens them to float32 (exactly). */
+ * words; 3 where neither kernel is built (or the tiles' rows overlap), and the caller widens
+ * them to float32 (exactly). */
 int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, const float *bias,
                          float *y, int64_t M, int64_t N, int64_t K, int threads) {
-    if (takes_amx(M, K) && ldx >= K) /* rows that do not overlap (a_operand copies K each) */
-        return small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
+    if (takes_amx(M, K)) /* rows that do not overlap (a_operand copies K each) */
+        return ldx < K ? 3 : small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
     if (!small_gemm_bf16_fast()) return 3;
     return gemm_bf16(x, ldx, 1, w, bias, y, N, M, N, K, threads, STORE);
 }
@@ -86,14 +99,16 @@ int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, cons
 /* y (M x N, row stride ldy) += x W^T + b: each block's outputs added into y as they are made
  * (on the AMX tiles from L1; on vdpbf16ps from its registers), the same bits as the linear
  * then `y += it`, without writing the linear out or reading it back (a residual stream
- * updated in place). x: float32 or, x_bf16, bfloat16 rows. 3 where neither kernel is built:
+ * updated in place). x: float32 or, x_bf16, bfloat16 rows. 3 where neither kernel takes it:
  * the caller runs those two. */
 int small_gemm_bf16_add(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                         const float *bias, float *y, int64_t ldy, int64_t M, int64_t N,
                         int64_t K, int threads) {
     if (ldy < N) return 3;
-    if (takes_amx(M, K) && (!x_bf16 || ldx >= K))
-        return small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
+    if (takes_amx(M, K))
+        return x_bf16 && ldx < K
+                   ? 3
+                   : small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
     if (!small_gemm_bf16_fast()) return 3;
     return gemm_bf16(x, ldx, x_bf16, w, bias, y, ldy, M, N, K, threads, ADD);
 }
@@ -278,7 +293,7 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
 /* gemm_rows for a fused gate/up weight (N columns: gate, then up; N/2 a multiple of NR): gate
  * panel p with up panel p + N/2/NR, silu(gate) * up into y (M x N/2, bfloat16). */
 static void gemm_rows_silu(const uint32_t *x, int64_t K2, const uint16_t *w, const float *bias,
-                           uint16_t *y, int64_t M, int64_t N) {
+                           uint16_t *y, int64_t ldy, int64_t M, int64_t N) {
     const int64_t n = N / 2, panels = n / NR, blocks = (M + MR_SILU - 1) / MR_SILU;
     const int64_t panel = K2 * NR * 2;
 #pragma omp for schedule(static)
@@ -286,8 +301,8 @@ static void gemm_rows_silu(const uint32_t *x, int64_t K2, const uint16_t *w, con
         const uint16_t *wg = w + p * panel, *wu = w + (p + panels) * panel;
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t m0 = block_start(M, blocks, b), rows = block_start(M, blocks, b + 1) - m0;
-            tile_silu_rows(x + m0 * K2, wg, wu, y + m0 * n + p * NR, n, bias ? bias + p * NR : 0,
-                           bias ? bias + n + p * NR : 0, K2, (int)rows);
+            tile_silu_rows(x + m0 * K2, wg, wu, y + m0 * ldy + p * NR, ldy,
+                           bias ? bias + p * NR : 0, bias ? bias + n + p * NR : 0, K2, (int)rows);
         }
     }
 }
@@ -321,7 +336,7 @@ static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                      r1 - r0, K, K2);
         }
         if (silu) /* its omp for ends in a barrier */
-            gemm_rows_silu(pairs, K2, w, bias, (uint16_t *)y + m0 * (N / 2), rows, N);
+            gemm_rows_silu(pairs, K2, w, bias, (uint16_t *)y + m0 * ldy, ldy, rows, N);
         else
             gemm_rows(pairs, K2, w, bias, (float *)y + m0 * ldy, ldy, mode == ADD, rows, N);
     }
