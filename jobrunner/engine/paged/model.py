@@ -8,9 +8,9 @@ A bfloat16 model on a CPU with AVX-512 BF16 computes with float32 activations (`
 its linears multiply bfloat16 weights by rows rounded to bfloat16 with float32 accumulation
 (csrc/small_gemm_bf16.c), and the residual stream, norms, RoPE and attention queries stay
 float32, so every row kernel takes them and nothing is rounded between layers; the KV cache
-stays bfloat16. Where a kernel reads bfloat16 rows in place (vdpbf16ps, or the AMX tiles in
-the steps that take them), the rows a linear would round are rounded where they are made instead (the norms before q/k/v and gate/up, the fused gate/up product
-before down): the same bits, half the bytes, no rounding pass in the linear; and o_proj and
+stays bfloat16. The rows a linear would round are rounded where they are made instead (the
+norms before q/k/v and gate/up, the fused gate/up product before down; the kernels read them
+in place): the same bits, half the bytes, no rounding pass in the linear; and o_proj and
 down add into the residual stream as they make it (SmallRowLinear.add_), the same bits as the
 linear and then `h += it`. Elsewhere (another CPU, a GPU, swapped linears) a bfloat16 model computes in
 bfloat16 throughout, as HF does.
@@ -132,14 +132,12 @@ class PagedCausalLM:
     def _norm(self, module: nn.Module, x: torch.Tensor, rounded: bool = False) -> torch.Tensor:
         return rms_norm(module, x, self.norm_weights.get(module), rounded)
 
-    def _rounds(self, fused: Fused | None, mods: list[nn.Module], rows: int) -> bool:
+    def _rounds(self, fused: Fused | None, mods: list[nn.Module]) -> bool:
         """Whether the norm before these fused linears hands them rows rounded to bfloat16:
-        float32 rows of bfloat16 linears, where a kernel reads such rows in place (the AMX
-        tiles in a step of `rows` that takes them, or vdpbf16ps; torch's linears would only
-        widen them again). The linear rounds float32 rows the same way: the same bits."""
-        if not (self.rounds_rows and _current(fused, mods)):
-            return False
-        return 0 < cpu_kernels.amx_rows() <= rows or cpu_kernels.gemm_bf16_supported()
+        float32 rows of bfloat16 linears (so the bfloat16-weight kernels, which read such rows
+        in place, run them) that are still the fused weight. The linear rounds float32 rows
+        the same way: the same bits."""
+        return self.rounds_rows and _current(fused, mods)
 
     def _rows_linear(self, x: torch.Tensor):
         """The small-row linear for x: rows rounded to bfloat16 (_rounds) take its `rounded`."""
@@ -185,7 +183,7 @@ class PagedCausalLM:
             self._add_linear(h, layer.self_attn.o_proj, o)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
                 mlp = layer.mlp
-                rounded = self._rounds(self.gate_up[i], [mlp.gate_proj, mlp.up_proj], len(rows))
+                rounded = self._rounds(self.gate_up[i], [mlp.gate_proj, mlp.up_proj])
                 self._mlp(i, mlp, self._norm(layer.post_attention_layernorm, rows, rounded), rows)
         return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
 
@@ -252,7 +250,7 @@ class PagedCausalLM:
         """The layer's attention output (T, nh * hd), before o_proj."""
         attn, T = layer.self_attn, h.shape[0]
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
-        x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods, T))
+        x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods))
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         fused = _apply(self.qkv[i], mods, x, self._rows_linear(x))  # (T, (nh+2nkv) hd) or None
         written = False

@@ -91,10 +91,7 @@ class SmallRowLinear:
         runs the linear and then the product. x: float32 rows, or bfloat16 ones (`rounded`)."""
         rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
         if not rows_ok or w.dtype != torch.bfloat16 or (w.shape[0] // 2) % 32:
-            return None
-        amx_step = 0 < cpu_kernels.amx_rows() <= x.shape[0]
-        if not (amx_step or cpu_kernels.gemm_bf16_supported()):  # no output to allocate
-            return None
+            return None  # (bfloat16 weights here: usable() found the kernel built)
         return cpu_kernels.small_gemm_bf16_silu(x, self._packed(w), self._float(b), w.shape[0] // 2)
 
     def _packed(self, w: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,8 @@
  * (ceil(N/32), ceil(K/2), 32, 2) bfloat16, zero-padded, so one k pair of a panel is two 64-byte
  * vectors; x is rounded to bfloat16 a slice of rows at a time (round to nearest even, as
  * torch's .to(bfloat16); bfloat16 rows are their own pairs) into pairs, each block of rows
- * k-major, (ceil(K/2), rows), so one
- * pointer walks a block's rows (14 row pointers spilled to the stack: 7 reloads a k pair, 74%
- * of peak at 52 rows against 83% now). Each vdpbf16ps adds, for 16 columns, the products of
+ * k-major, (ceil(K/2), rows), so one pointer walks a block's rows (14 row pointers spilled to
+ * the stack: 7 reloads a k pair, 74% of peak at 52 rows against 83% now). Each vdpbf16ps adds, for 16 columns, the products of
  * one row's k pair with the column's pair: 32 multiply-adds where a float32 FMA does 16. A
  * block of up to 14 rows keeps its 28 accumulators in registers over the whole of K; while the
  * blocks work on a panel, each prefetches its share of the next one into L2, and requests the
@@ -35,7 +34,6 @@
                      the broadcast from memory operands (33 would not fit in 32 registers) */
 
 int small_gemm_bf16_panel(void) { return NR; }
-int small_gemm_bf16_fast(void);
 
 int small_gemm_amx(const void *x, int64_t ldx, int x_bf16, const uint16_t *w, const float *bias,
                    float *y, int64_t ldy, int add, int64_t M, int64_t N, int64_t K,
@@ -67,7 +65,7 @@ static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
  * on them, each entry point declining (3) what the tiles do not do, so the caller's fallback
  * runs on the tiles too (the vdpbf16ps kernel sums in another order, and a row's bits must not
  * depend on which entry point ran); the tiles do not load overlapping x_bf16 rows (ldx < K)
- * in place. Other steps take vdpbf16ps where it is built. */
+ * in place. Other steps take vdpbf16ps, or get 3 where it is not built (gemm_bf16). */
 
 /* y (M x N/2, bfloat16) = silu(gate) * up of a fused gate/up linear (N columns, gate then up,
  * N/2 a multiple of 32), in one pass, on the AMX tiles or vdpbf16ps; x: float32 or, x_bf16,
@@ -80,7 +78,6 @@ int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t 
     if (takes_amx(M, K))
         return x_bf16 && ldx < K ? 3
                                  : small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
-    if (!small_gemm_bf16_fast()) return 3;
     return gemm_bf16(x, ldx, x_bf16, w, bias, y, N / 2, M, N, K, threads, SILU);
 }
 
@@ -92,7 +89,6 @@ int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, cons
                          float *y, int64_t M, int64_t N, int64_t K, int threads) {
     if (takes_amx(M, K)) /* rows that do not overlap (a_operand copies K each) */
         return ldx < K ? 3 : small_gemm_amx(x, ldx, 1, w, bias, y, N, 0, M, N, K, threads);
-    if (!small_gemm_bf16_fast()) return 3;
     return gemm_bf16(x, ldx, 1, w, bias, y, N, M, N, K, threads, STORE);
 }
 
@@ -109,13 +105,20 @@ int small_gemm_bf16_add(const void *x, int64_t ldx, int x_bf16, const uint16_t *
         return x_bf16 && ldx < K
                    ? 3
                    : small_gemm_amx(x, ldx, x_bf16, w, bias, y, ldy, 1, M, N, K, threads);
-    if (!small_gemm_bf16_fast()) return 3;
     return gemm_bf16(x, ldx, x_bf16, w, bias, y, ldy, M, N, K, threads, ADD);
 }
 
 #if defined(JR_AVX512) && defined(__AVX512BF16__)
 
 int small_gemm_bf16_fast(void) { return 1; }
+
+/* A block's share of the next panel at k pair k, into L2: bpk/256 bytes per k pair. */
+static inline __attribute__((always_inline)) void panel_share(const char *pf, int64_t k,
+                                                              int64_t bpk) {
+    const char *p = pf + ((k * bpk) >> 8);
+    _mm_prefetch(p, _MM_HINT_T1);
+    if (bpk > 64 * 256) _mm_prefetch(p + 64, _MM_HINT_T1);
+}
 
 /* One block of `rows` rows of pairs x, k-major (K2, rows), against one panel w: y = the sums
  * plus the bias, or with `add` y += them. */
@@ -140,11 +143,7 @@ static inline __attribute__((always_inline)) void tile(const uint32_t *x, const 
     for (int64_t k = 0; k < K2; k++) {
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k * NR * 2);
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + k * NR * 2 + 32);
-        if (pf) { /* this block's share of the next panel: bpk/256 bytes per k pair */
-            const char *p = pf + ((k * bpk) >> 8);
-            _mm_prefetch(p, _MM_HINT_T1);
-            if (bpk > 64 * 256) _mm_prefetch(p + 64, _MM_HINT_T1);
-        }
+        if (pf) panel_share(pf, k, bpk);
 #pragma GCC unroll 14
         for (int m = 0; m < rows; m++) {
             const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)x[k * rows + m]);
@@ -203,15 +202,7 @@ static inline __attribute__((always_inline)) void tile_silu(const uint32_t *x, c
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wg + k * NR * 2 + 32);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wu + k * NR * 2);
         const __m512bh w3 = (__m512bh)_mm512_loadu_si512(wu + k * NR * 2 + 32);
-        if (pfg) { /* this block's share of the next gate and up panels, as tile() does */
-            const int64_t at = (k * bpk) >> 8;
-            _mm_prefetch(pfg + at, _MM_HINT_T1);
-            _mm_prefetch(pfu + at, _MM_HINT_T1);
-            if (bpk > 64 * 256) {
-                _mm_prefetch(pfg + at + 64, _MM_HINT_T1);
-                _mm_prefetch(pfu + at + 64, _MM_HINT_T1);
-            }
-        }
+        if (pfg) panel_share(pfg, k, bpk), panel_share(pfu, k, bpk);
 #pragma GCC unroll 7
         for (int m = 0; m < rows; m++) {
             const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)x[k * rows + m]);
@@ -376,7 +367,7 @@ static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                      int threads, int mode) {
     (void)x, (void)ldx, (void)x_bf16, (void)w, (void)bias, (void)y, (void)ldy, (void)M, (void)N;
     (void)K, (void)threads, (void)mode;
-    return 2; /* not built: small_gemm_bf16_fast() says so first */
+    return 3; /* not built: the entry points decline */
 }
 
 int small_gemm_bf16(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y,
