@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from jobrunner import errors
+from jobrunner import collector, errors
 
 
 class _Command(TyperCommand):
@@ -349,6 +349,7 @@ def init(
 
 
 def main() -> None:
+    collector.pause()  # until the engine is ready or the command ends (collector.py)
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here, not raises it
         sys.exit(code if isinstance(code, int) else 0)
@@ -362,3 +363,5 @@ def main() -> None:
             e.show()
             sys.exit(errors.EXIT_USAGE)
         raise
+    finally:
+        collector.resume()

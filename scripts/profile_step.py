@@ -31,7 +31,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--only", default="short,long,decode", help="short, long, decode, b, d")
+    p.add_argument("--only", default="short,long,decode", help="short, long, decode, a, b, d")
     p.add_argument("--rows", type=int, default=64, help="rows of the short prefill workload")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the job's")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | bfloat16 | int8 | fp8 ...")
@@ -158,6 +158,7 @@ def workloads(tokenizer) -> dict[str, tuple[list[list[int]], int, bool]]:
         "short": (short, 1, True),
         "long": (long, 1, True),
         "decode": (decode, 32, True),
+        "a": (bench_b, 256, False),  # bench.py (a): the same rows, 256 new tokens, EOS kept
         "b": (bench_b, 64, True),
         "d": (bench_d, 64, False),
     }

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobrunner import collector
 from jobrunner.config import JobConfig
 from jobrunner.engine import loader
 from jobrunner.engine.base import Engine
@@ -98,7 +99,14 @@ def start_engine(
     """Raises ConfigError (78) for a model or format this device cannot run and
     QualityBelowThreshold (65) when the quantized model falls below the bar. `cpu_threads`:
     torch's threads on a CPU device, unless engine.num_threads sets them."""
-    parts = _Parts(time.monotonic() if since is None else since)
+    collector.pause()  # (and the CLI's since its start) a start-up makes little garbage
+    try:
+        return _start(cfg, _Parts(time.monotonic() if since is None else since), cpu_threads)
+    finally:
+        collector.resume()
+
+
+def _start(cfg: JobConfig, parts: _Parts, cpu_threads: int | None) -> StartedEngine:
     import torch
     from transformers import PreTrainedModel  # noqa: F401  (every model's base: timed apart)
 
