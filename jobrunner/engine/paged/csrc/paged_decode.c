@@ -118,26 +118,37 @@ static inline void span_offsets(const int64_t *table, int64_t bs, int64_t hd, in
 }
 
 /* Blocks are scattered runs of a few KiB that the hardware prefetcher does not follow, so K and
- * V rows are requested a span ahead: the next span's rows while this span's V rows are summed,
- * and after an item's last span, the first span of the item its thread works on next. Only a
- * thread's first item fetches within its first span, 16 tokens ahead of the scores. Before, every
- * span fetched 16 tokens ahead during its score pass only, and memory sat idle through the V
- * pass: 52 rows of 540 tokens, 30 layers, float32, 2 cores, 85 -> 78 ms a step on 4 KiB pages.
+ * V rows are requested a span ahead: the next span's K rows while this span's scores are
+ * computed, its V rows while this span's V rows are summed, so each arrives a whole span before
+ * it is read; after an item's last span, the first span of the item its thread works on next.
+ * Only a thread's first item fetches within its first span, 16 tokens ahead of the scores.
+ * Before, every span fetched 16 tokens ahead during its score pass only, and memory sat idle
+ * through the V pass: 52 rows of 540 tokens, 30 layers, float32, 2 cores, 85 -> 78 ms a step on
+ * 4 KiB pages. Then both rows of the next span were requested in the V pass, which left the K
+ * rows only the rest of that pass (Zen 4, 2 threads, bfloat16 cache, blocks in order as the
+ * engine's mostly are, medians of 5-7 runs: 64 rows x 600 tokens over 30 layers' caches 48.1 ->
+ * 38.9 ms, 256 x 300 over 6 21.0 -> 17.9, 16 x 2,000 over 12 16.9 -> 13.7; blocks in random
+ * order 65.6 -> 62.5; all of the next span's rows during the score pass: 46.3, 73.5).
  * Inlined on purpose: as a call it overlapped nothing (84 against 67 ms a step). The lines go to
  * L2 (T1), not L1 (T0): a span ahead is 16 KB of a 32 KB L1 on a bfloat16 cache, and the L1's
  * few miss buffers then held up the loads of the span being read (Zen 4, 2 threads, 256 rows of
  * 300 tokens over 6 layers' caches: 29 -> 24 ms, 12 -> 15 GB/s; float16 the same; no change on
  * the AVX2 path, which is compute-bound on a 16-bit cache). Requesting the next item a whole
  * item ahead instead, or 32- or 128-token spans, did no better. */
+static inline __attribute__((always_inline)) void prefetch_row(const Job *J, const void *base,
+                                                               int64_t off) {
+    const int64_t width = elem_bytes(J->dtype), lines = (J->hd * width + 63) / 64;
+    for (int64_t c = 0; c < lines; c++)
+        _mm_prefetch((const char *)base + off * width + 64 * c, _MM_HINT_T1);
+}
+
+/* The K and V rows at off[0..n-1]. */
 static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, const int64_t *off,
                                                                 int64_t n) {
-    const int64_t width = elem_bytes(J->dtype), lines = (J->hd * width + 63) / 64;
-    const char *k = (const char *)J->k, *v = (const char *)J->v;
-    for (int64_t tt = 0; tt < n; tt++)
-        for (int64_t c = 0; c < lines; c++) {
-            _mm_prefetch(k + off[tt] * width + 64 * c, _MM_HINT_T1);
-            _mm_prefetch(v + off[tt] * width + 64 * c, _MM_HINT_T1);
-        }
+    for (int64_t tt = 0; tt < n; tt++) {
+        prefetch_row(J, J->k, off[tt]);
+        prefetch_row(J, J->v, off[tt]);
+    }
 }
 
 #endif
@@ -294,6 +305,8 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
             /* a thread's first span: the next 16 tokens' rows are requested as these compute */
             if (t0 == 0 && !fetched && c0 + 16 < n)
                 prefetch_rows(J, off + c0 + 16, n - c0 - 16 < 16 ? n - c0 - 16 : 16);
+            for (int64_t tt = c0; tt < c0 + 16 && tt < nn; tt++) /* the next span's K rows */
+                prefetch_row(J, J->k, next[tt]);
 #if HAS_BF16_DOT
             if (BF) {
                 scores16_bf16(J, qp, off + c0, n - c0 < 16 ? n - c0 : 16, s + c0, G, C);
@@ -338,7 +351,8 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
 #if HAS_BF16_DOT
             for (int64_t tp = 0; BF && tp < (n + 1) / 2; tp++) { /* two tokens an instruction */
                 const int64_t t0 = 2 * tp, t1 = t0 + 1 < n ? t0 + 1 : t0; /* odd tail: weight 0 */
-                if (cb == 0 && t0 < nn) prefetch_rows(J, next + t0, nn - t0 < 2 ? 1 : 2);
+                for (int64_t tt = t0; cb == 0 && tt < t0 + 2 && tt < nn; tt++) /* its V rows */
+                    prefetch_row(J, J->v, next[tt]);
                 const uint16_t *v0 = (const uint16_t *)J->v + off[t0];
                 const uint16_t *v1 = (const uint16_t *)J->v + off[t1];
                 __m512bh v[8];
@@ -354,7 +368,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
             }
 #endif
             for (int64_t tt = 0; !BF && tt < n; tt++) {
-                if (cb == 0 && tt < nn) prefetch_rows(J, next + tt, 1); /* the next span */
+                if (cb == 0 && tt < nn) prefetch_row(J, J->v, next[tt]); /* the next span's */
                 __m512 v[8];
 #pragma GCC unroll 8
                 for (int c = 0; c < CB; c++) v[c] = load16(J->v, J->dtype, off[tt] + 16 * (cb + c));
@@ -502,7 +516,6 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
     const int CB = CB_AVX2(G, C);
     const int64_t hd = 8 * C, L = J->ctx_lens[r], bs = J->bs;
     const int dtype = J->dtype;
-    const int64_t width = elem_bytes(dtype), lines = (hd * width + 63) / 64; /* of a row */
     const float *q = J->q + (r * J->nh + h * G) * hd;
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
@@ -533,8 +546,7 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
             if (t0 == 0 && !fetched && c0 + 8 < n)
                 prefetch_rows(J, off + c0 + 8, n - c0 - 8 < 8 ? n - c0 - 8 : 8);
             for (int64_t tt = c0; tt < c0 + 8 && tt < nn; tt++) /* the next span's K rows */
-                for (int64_t l = 0; l < lines; l++)
-                    _mm_prefetch((const char *)J->k + next[tt] * width + 64 * l, _MM_HINT_T1);
+                prefetch_row(J, J->k, next[tt]);
             scores8(J, q, off + c0, n - c0 < 8 ? n - c0 : 8, kbuf, s + c0, G, C);
         }
         for (int j = 0; j < G; j++) { /* the online softmax update over this span */
