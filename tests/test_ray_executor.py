@@ -378,6 +378,34 @@ def test_ray_run_equals_local_run_and_reports_each_worker(
         run(job(input_file, out))
 
 
+@pytest.mark.slow
+def test_the_driver_collects_garbage_while_the_job_runs(
+    cluster, input_file, local_results, tmp_path, monkeypatch
+):
+    """The CLI pauses Python's collector for the start-up (collector.py); a Ray driver, whose
+    loop lasts the whole job, turns it on again once connected."""
+    import gc
+
+    from jobrunner import collector
+    from jobrunner.executors import ray as ray_executor
+
+    seen, execute = [], ray_executor._execute
+
+    def recording(*a, **kw):
+        seen.append(gc.isenabled())
+        return execute(*a, **kw)
+
+    monkeypatch.setattr(ray_executor, "_execute", recording)
+    collector.pause()  # as jobrunner.cli.main does
+    try:
+        out = tmp_path / "run"
+        assert run(job(input_file, out)).status == "done"
+    finally:
+        collector.resume()
+    assert seen == [True]
+    assert results(out) == local_results
+
+
 def test_a_parquet_run_is_read_by_the_workers_and_equals_the_local_run(
     cluster, input_file, local_results, tmp_path, monkeypatch
 ):

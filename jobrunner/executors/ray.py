@@ -25,6 +25,7 @@ from typing import Any
 
 import ray  # not installed: executors.run_with_executor says how to install it
 
+from jobrunner import collector
 from jobrunner.config import JobConfig
 from jobrunner.errors import JobError
 from jobrunner.executors.ray_blocks import (
@@ -73,6 +74,7 @@ def _run(run: OpenRun) -> tuple[int, bool]:
     interrupted = False
     if plan.blocks:
         started = _connect(cfg)
+        collector.resume()  # the driver's loop lasts the job: collections on (the CLI paused them)
         progress = Progress(
             plan.rows,
             live=landed,
