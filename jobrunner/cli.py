@@ -156,6 +156,7 @@ def run(
 ) -> None:
     """Run a job: every input row gets a completion; resumes where an earlier run stopped."""
     _setup_logging(verbose)
+    collector.pause()  # the start-up's imports make little garbage; on again once it is done
     try:
         from jobrunner.executors import run_with_executor
         from jobrunner.pipeline import RunOptions
@@ -167,6 +168,8 @@ def run(
             e = errors.Interrupted("interrupted; run the same command again to continue")
         _fail(e)
         return
+    finally:
+        collector.resume()
     if pushgateway:
         _push(summary.output, pushgateway)
     _print_summary(summary.to_json())
@@ -349,7 +352,6 @@ def init(
 
 
 def main() -> None:
-    collector.pause()  # until the engine is ready or the command ends (collector.py)
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here, not raises it
         sys.exit(code if isinstance(code, int) else 0)
@@ -363,5 +365,3 @@ def main() -> None:
             e.show()
             sys.exit(errors.EXIT_USAGE)
         raise
-    finally:
-        collector.resume()

@@ -3,9 +3,10 @@
 Start-up (the CLI, the imports of torch and transformers, the model's load) makes hundreds of
 thousands of objects that live as long as the process and almost no garbage, and every full
 collection walks all of them again: seven in a run's start-up, about 1 s of its 7 (Zen 4; the
-imports alone 3.9 -> 3.3 s without them). So the CLI and `start_engine` `pause()` the collector
-and `resume()` it once the engine is ready, a Ray driver once it is connected, any other
-command when it ends.
+imports alone 3.9 -> 3.3 s without them). So `jobrunner run` and `start_engine` `pause()` the
+collector and `resume()` it once the engine is ready (a Ray driver: as its loop starts; `run`
+itself when it ends, however it ends). One process-wide flag, not a count: any `resume()` ends
+the pause. The other commands, which read inputs or telemetry row by row, keep collecting.
 
 Preparation makes several container objects a row (the row's dict, its token ids, its Request)
 and holds thousands of them in the order window and the queue, so at the collector's default

@@ -9,7 +9,16 @@ import sys
 
 import pytest
 
+from jobrunner import collector
 from jobrunner.collector import YOUNG_THRESHOLD, settled
+
+
+@pytest.fixture(autouse=True)
+def collector_on():
+    """A failed test leaves no paused collector to the ones after it."""
+    yield
+    collector.resume()
+    gc.enable()
 
 
 def test_settled_freezes_raises_the_threshold_and_restores_both():
@@ -57,11 +66,33 @@ def test_start_up_runs_without_collections_and_turns_them_back_on(monkeypatch):
     assert gc.isenabled()
 
 
-def test_the_cli_leaves_the_collector_on_after_any_command(tmp_path, monkeypatch):
-    from jobrunner.cli import main
+def test_run_starts_up_without_collections_and_other_commands_keep_them(tmp_path, monkeypatch):
+    """`jobrunner run` pauses the collector for its start-up and turns it on again however it
+    ends; a command that reads rows (validate) never pauses it."""
+    from jobrunner import cli, errors, executors
 
-    for argv in (["--help"], ["validate", str(tmp_path / "missing.yaml")]):
-        monkeypatch.setattr(sys, "argv", ["jobrunner", *argv])
-        with pytest.raises(SystemExit):
-            main()
-        assert gc.isenabled()
+    seen = []
+
+    def run_with_executor(cfg, opts):
+        seen.append(gc.isenabled())
+        raise errors.ConfigError("stop here")
+
+    monkeypatch.setattr(cli, "_load", lambda job, set_, executor=None: object())
+    monkeypatch.setattr(executors, "run_with_executor", run_with_executor)
+    monkeypatch.setattr(sys, "argv", ["jobrunner", "run", str(tmp_path / "job.yaml")])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == errors.ConfigError.exit_code
+    assert seen == [False]
+    assert gc.isenabled()
+
+    def load(job, set_, executor=None):
+        seen.append(gc.isenabled())
+        raise errors.ConfigError("stop here")
+
+    monkeypatch.setattr(cli, "_load", load)
+    monkeypatch.setattr(sys, "argv", ["jobrunner", "validate", str(tmp_path / "job.yaml")])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == errors.ConfigError.exit_code
+    assert seen == [False, True]

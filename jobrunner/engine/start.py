@@ -41,7 +41,8 @@ def fresh_import_seconds() -> float | None:
     process that has them imported already (`estimate --calibrate` loads the model after the
     estimate's own imports), so that the load it records is the load a run pays. None when the
     child fails."""
-    code = f"import time; {_BEFORE}; t = time.monotonic(); {_IMPORTS}; print(time.monotonic() - t)"
+    code = f"import gc, time; gc.disable(); {_BEFORE}; t = time.monotonic(); {_IMPORTS}; "
+    code += "print(time.monotonic() - t)"  # without collections, as `run` imports (collector.py)
     env = dict(os.environ)
     root = Path(__file__).resolve().parents[2]
     if (root / "pyproject.toml").exists():  # a source checkout: the child finds this copy

@@ -62,6 +62,7 @@ def run(cfg: JobConfig, opts: RunOptions) -> JobSummary:
 
 def _run(run: OpenRun) -> tuple[int, bool]:
     """Every pending block through the pool; (rows committed, stopped). Appends the run record."""
+    collector.resume()  # `run` paused collections for its imports; the driver's loop is the job
     t0 = time.monotonic()
     run.ready()  # the driver commits merged errors below: the input is checked first
     cfg, rundir, manifest, landed = run.cfg, run.rundir, run.manifest, Landed()
@@ -74,7 +75,6 @@ def _run(run: OpenRun) -> tuple[int, bool]:
     interrupted = False
     if plan.blocks:
         started = _connect(cfg)
-        collector.resume()  # the driver's loop lasts the job: collections on (the CLI paused them)
         progress = Progress(
             plan.rows,
             live=landed,
