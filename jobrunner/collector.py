@@ -48,7 +48,6 @@ def settle() -> tuple[int, ...]:
     old = gc.get_threshold()
     gc.collect()  # the garbage of start-up is not frozen with the rest
     gc.freeze()
-    resume()
     gc.set_threshold(max(old[0], YOUNG_THRESHOLD), max(old[1], MIDDLE_THRESHOLD), *old[2:])
     return old
 

@@ -100,7 +100,7 @@ def start_engine(
     """Raises ConfigError (78) for a model or format this device cannot run and
     QualityBelowThreshold (65) when the quantized model falls below the bar. `cpu_threads`:
     torch's threads on a CPU device, unless engine.num_threads sets them."""
-    collector.pause()  # (and the CLI's since its start) a start-up makes little garbage
+    collector.pause()  # (and `run`'s, from its start) the imports and load make little garbage
     try:
         return _start(cfg, _Parts(time.monotonic() if since is None else since), cpu_threads)
     finally:

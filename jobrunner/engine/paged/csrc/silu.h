@@ -1,7 +1,7 @@
 /* silu(g) * u on 16 float32 lanes (AVX-512), shared by the SiLU-gated product (act_norm.c) and
  * the linears that apply it to a fused gate/up projection as they store (small_gemm_amx.c,
- * small_gemm_bf16.c): the same instructions, so the paths give the same bits. silu(g) = g * sigmoid(g), the
- * sigmoid from one e^(-|g|) (vexp.h) so no lane overflows. */
+ * small_gemm_bf16.c): the same instructions, so the paths give the same bits. silu(g) =
+ * g * sigmoid(g), the sigmoid from one e^(-|g|) (vexp.h) so no lane overflows. */
 #ifndef JOBRUNNER_SILU_H
 #define JOBRUNNER_SILU_H
 #include "vexp.h"

@@ -9,11 +9,11 @@
  * vectors; x is rounded to bfloat16 a slice of rows at a time (round to nearest even, as
  * torch's .to(bfloat16); bfloat16 rows are their own pairs) into pairs, each block of rows
  * k-major, (ceil(K/2), rows), so one pointer walks a block's rows (14 row pointers spilled to
- * the stack: 7 reloads a k pair, 74% of peak at 52 rows against 83% now). Each vdpbf16ps adds, for 16 columns, the products of
- * one row's k pair with the column's pair: 32 multiply-adds where a float32 FMA does 16. A
- * block of up to 14 rows keeps its 28 accumulators in registers over the whole of K; while the
- * blocks work on a panel, each prefetches its share of the next one into L2, and requests the
- * lines of y it will write (a 1,024-row step's output is 12 MB, beyond L2: its stores missed,
+ * the stack: 7 reloads a k pair, 74% of peak at 52 rows against 83% now). Each vdpbf16ps adds,
+ * for 16 columns, the products of one row's k pair with the column's pair: 32 multiply-adds
+ * where a float32 FMA does 16. A block of up to 14 rows keeps its 28 accumulators in registers
+ * over the whole of K; while the blocks work on a panel, each prefetches its share of the next
+ * one into L2, and requests the lines of y it will write (a 1,024-row step's output is 12 MB, beyond L2: its stores missed,
  * 1 thread, 3072 x 576: 382 -> 453 GFLOP/s).
  *
  * Where the CPU has AMX tiles (small_gemm_amx.c) steps of amx_rows rows or more take them
@@ -76,8 +76,9 @@ int small_gemm_bf16_silu(const void *x, int64_t ldx, int x_bf16, const uint16_t 
                          int threads) {
     if (N % (2 * NR) != 0) return 3;
     if (takes_amx(M, K))
-        return x_bf16 && ldx < K ? 3
-                                 : small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
+        return x_bf16 && ldx < K
+                   ? 3
+                   : small_gemm_amx_silu(x, ldx, x_bf16, w, bias, y, M, N, K, threads);
     return gemm_bf16(x, ldx, x_bf16, w, bias, y, N / 2, M, N, K, threads, SILU);
 }
 
@@ -274,6 +275,14 @@ static inline int64_t block_start(int64_t M, int64_t blocks, int64_t b) {
     return b * (M / blocks) + (b < M % blocks ? b : M % blocks);
 }
 
+/* Where block b of `blocks` requests its share of the panel after this one (`next`, `panel`
+ * values long; none: NULL) as it works on this one, SHARE_BPK bytes (x256) a k pair: tile(). */
+static inline const char *next_share(const uint16_t *next, int64_t panel, int64_t b,
+                                     int64_t blocks) {
+    return next ? (const char *)next + b * panel * 2 / blocks : 0;
+}
+#define SHARE_BPK(blocks) (NR * 4 * 256 / (blocks))
+
 /* Every panel of W against the slice's `M` rows of pairs x, the panels shared out among the
  * threads of the enclosing parallel region. */
 static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const float *bias,
@@ -287,9 +296,9 @@ static void gemm_rows(const uint32_t *x, int64_t K2, const uint16_t *w, const fl
         const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t m0 = block_start(M, blocks, b), rows = block_start(M, blocks, b + 1) - m0;
-            const char *pf = next ? (const char *)next + b * panel * 2 / blocks : 0;
-            tile_rows(x + m0 * K2, wp, pf, NR * 4 * 256 / blocks, y + m0 * ldy + p * NR, ldy,
-                      ncols, bias ? bias + p * NR : 0, K2, (int)rows, add);
+            tile_rows(x + m0 * K2, wp, next_share(next, panel, b, blocks), SHARE_BPK(blocks),
+                      y + m0 * ldy + p * NR, ldy, ncols, bias ? bias + p * NR : 0, K2, (int)rows,
+                      add);
         }
     }
 }
@@ -306,11 +315,10 @@ static void gemm_rows_silu(const uint32_t *x, int64_t K2, const uint16_t *w, con
         const int more = p + 1 < panels;
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t m0 = block_start(M, blocks, b), rows = block_start(M, blocks, b + 1) - m0;
-            const char *pfg = more ? (const char *)(wg + panel) + b * panel * 2 / blocks : 0;
-            const char *pfu = more ? (const char *)(wu + panel) + b * panel * 2 / blocks : 0;
-            tile_silu_rows(x + m0 * K2, wg, wu, pfg, pfu, NR * 4 * 256 / blocks,
-                           y + m0 * ldy + p * NR, ldy,
-                           bias ? bias + p * NR : 0, bias ? bias + n + p * NR : 0, K2, (int)rows);
+            tile_silu_rows(x + m0 * K2, wg, wu, next_share(more ? wg + panel : 0, panel, b, blocks),
+                           next_share(more ? wu + panel : 0, panel, b, blocks), SHARE_BPK(blocks),
+                           y + m0 * ldy + p * NR, ldy, bias ? bias + p * NR : 0,
+                           bias ? bias + n + p * NR : 0, K2, (int)rows);
         }
     }
 }
