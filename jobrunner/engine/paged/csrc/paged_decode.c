@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "head_cases.h"
 #include "kv_load.h"
 #include "vexp.h"
 
@@ -393,20 +394,30 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
     }
 }
 
+#define ITEM_FNS(G, C) /* a function per layout and cache kind: head_cases.h */ \
+    static __attribute__((noinline)) void item_##G##_##C##_bf16(const Job *J, int64_t r, \
+                                                               int64_t h, int64_t after, \
+                                                               int fetched) { \
+        item_avx512(J, r, h, after, fetched, G, C, 1); \
+    } \
+    static __attribute__((noinline)) void item_##G##_##C(const Job *J, int64_t r, int64_t h, \
+                                                        int64_t after, int fetched) { \
+        item_avx512(J, r, h, after, fetched, G, C, 0); \
+    }
+HEAD_CASES(ITEM_FNS, 4, 8)
+#undef ITEM_FNS
+
 #define ITEM_CASE(G, C) \
     case (G) * 16 + (C): \
-        if (HAS_BF16_DOT && J->dtype == BF16) item_avx512(J, r, h, after, fetched, G, C, 1); \
-        else item_avx512(J, r, h, after, fetched, G, C, 0); \
+        if (HAS_BF16_DOT && J->dtype == BF16) item_##G##_##C##_bf16(J, r, h, after, fetched); \
+        else item_##G##_##C(J, r, h, after, fetched); \
         return 1;
 
 /* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
 static int item_fast(const Job *J, int64_t r, int64_t h, int64_t after, int fetched) {
     const int64_t g = J->nh / J->nkv;
     switch (g * 16 + J->hd / 16 * (J->hd % 16 == 0)) {
-        ITEM_CASE(1, 4) ITEM_CASE(2, 4) ITEM_CASE(3, 4) ITEM_CASE(4, 4)
-        ITEM_CASE(5, 4) ITEM_CASE(6, 4) ITEM_CASE(7, 4) ITEM_CASE(8, 4)
-        ITEM_CASE(1, 8) ITEM_CASE(2, 8) ITEM_CASE(3, 8) ITEM_CASE(4, 8)
-        ITEM_CASE(5, 8) ITEM_CASE(6, 8) ITEM_CASE(7, 8) ITEM_CASE(8, 8)
+        HEAD_CASES(ITEM_CASE, 4, 8)
     }
     return 0;
 }
@@ -588,17 +599,22 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
     }
 }
 
+#define ITEM_FN(G, C) /* a function per layout: head_cases.h */ \
+    static __attribute__((noinline)) void item_##G##_##C(const Job *J, int64_t r, int64_t h, \
+                                                        int64_t after, int fetched) { \
+        item_avx2(J, r, h, after, fetched, G, C); \
+    }
+HEAD_CASES(ITEM_FN, 8, 16)
+#undef ITEM_FN
+
 #define ITEM_CASE(G, C) \
-    case (G) * 32 + (C): item_avx2(J, r, h, after, fetched, G, C); return 1;
+    case (G) * 32 + (C): item_##G##_##C(J, r, h, after, fetched); return 1;
 
 /* 1 when a specialised path handled the item (head_dim 64 or 128, up to 8 heads per KV head). */
 static int item_fast(const Job *J, int64_t r, int64_t h, int64_t after, int fetched) {
     const int64_t g = J->nh / J->nkv;
     switch (g * 32 + J->hd / 8 * (J->hd % 8 == 0)) {
-        ITEM_CASE(1, 8) ITEM_CASE(2, 8) ITEM_CASE(3, 8) ITEM_CASE(4, 8)
-        ITEM_CASE(5, 8) ITEM_CASE(6, 8) ITEM_CASE(7, 8) ITEM_CASE(8, 8)
-        ITEM_CASE(1, 16) ITEM_CASE(2, 16) ITEM_CASE(3, 16) ITEM_CASE(4, 16)
-        ITEM_CASE(5, 16) ITEM_CASE(6, 16) ITEM_CASE(7, 16) ITEM_CASE(8, 16)
+        HEAD_CASES(ITEM_CASE, 8, 16)
     }
     return 0;
 }

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "bf16_pairs.h"
+#include "head_cases.h"
 #include "kv_load.h"
 #include "prefill_tile.h"
 #include "vexp.h"
@@ -119,6 +120,10 @@ static inline __attribute__((always_inline)) void softmax_span(float *p, int64_t
     }
 }
 
+/* Keys a score block takes, TB: its TB * G accumulators (at most 24), the G query vectors and a
+ * broadcast key in 32 registers; TB divides 16. */
+static inline int score_keys(const int G) { return G == 1 ? 16 : G <= 3 ? 8 : G <= 6 ? 4 : 2; }
+
 /* TB keys' scores a[b * G + j] (keys t0.., of which `live_keys` are real) times the scale, into
  * p (key, G, 16 tokens); causal: a lane whose position is before key t gets `masked` (-inf, or
  * PREFILL_MASKED), as does every lane of a key past the real ones. */
@@ -183,7 +188,7 @@ static inline __attribute__((always_inline)) void tile_avx512(const Chunk *J, in
     const int64_t hd = 16 * C, i0 = ti * QT, qn = J->n - i0 < QT ? J->n - i0 : QT;
     const int64_t L = J->start + i0 + qn; /* keys the tile's last query sees */
     const int64_t head_base = h * J->num_blocks * J->bs * hd, ld = J->nh * hd;
-    const int TB = G == 1 ? 16 : G <= 3 ? 8 : G <= 6 ? 4 : 2; /* keys a score block: TB*G regs */
+    const int TB = score_keys(G);
     float qt[16 * C * G * 16] __attribute__((aligned(64))); /* (hd, G, 16 tokens) */
     float acc[G * 16 * 16 * C] __attribute__((aligned(64))); /* (G, 16 tokens, hd) */
     float p[KSPAN * G * 16] __attribute__((aligned(64))); /* (key, G, 16 tokens) */
@@ -284,6 +289,45 @@ static inline __attribute__((always_inline)) void query_pairs(const Chunk *J, in
         }
 }
 
+/* The scores of TB keys (krow, bfloat16 pairs) against the tile's G heads' queries qt (hd/2
+ * pairs, G, 16 tokens), TB * G accumulators held over the hp pairs, into p as store_scores()
+ * writes them. */
+static inline __attribute__((always_inline)) void score_block_bf16(
+    const uint32_t *qt, const uint32_t *const *krow, int64_t hp, float *p, __m512i pos, __m512 sc,
+    int64_t t0, int64_t live_keys, const int TB, const int G) {
+    __m512 a[24];
+    __m512i qv[8];
+#pragma GCC unroll 24
+    for (int i = 0; i < TB * G; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < hp; e++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < G; j++) qv[j] = _mm512_load_si512(qt + (e * G + j) * 16);
+#pragma GCC unroll 16
+        for (int b = 0; b < TB; b++) {
+            const __m512bh kb = (__m512bh)_mm512_set1_epi32((int)krow[b][e]);
+#pragma GCC unroll 8
+            for (int j = 0; j < G; j++)
+                a[b * G + j] = _mm512_dpbf16_ps(a[b * G + j], kb, (__m512bh)qv[j]);
+        }
+    }
+    store_scores(p, a, pos, sc, t0, live_keys, TB, G, PREFILL_MASKED);
+}
+
+/* score_block_bf16 with score_keys(G) keys, in a function of its own: in tile_bf16, GCC kept
+ * the softmax's constants in registers across the score loop and spilled accumulators to the
+ * stack every pair (5 of 24 with all layouts inlined into one switch, 1 in a layout's own
+ * function: head_cases.h). */
+static __attribute__((noinline)) void scores_bf16(const uint32_t *qt, const uint32_t *const *krow,
+                                                  int64_t hp, float *p, __m512i pos, __m512 sc,
+                                                  int64_t t0, int64_t live_keys, int G) {
+    switch (G) {
+#define SCORES(g) \
+    case g: score_block_bf16(qt, krow, hp, p, pos, sc, t0, live_keys, score_keys(g), g); return;
+        SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
+#undef SCORES
+    }
+}
+
 /* tile_avx512 for a bfloat16 cache on AVX-512 BF16: the queries rounded to bfloat16 and held as
  * pairs of head dims, so one vdpbf16ps adds two dims of 16 tokens' scores against a broadcast
  * key pair read from the cache as it is; the softmax weights rounded to bfloat16 and paired
@@ -294,7 +338,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     const int64_t hd = 16 * C, hp = 8 * C, i0 = ti * QT, qn = J->n - i0 < QT ? J->n - i0 : QT;
     const int64_t L = J->start + i0 + qn; /* keys the tile's last query sees */
     const int64_t head_base = h * J->num_blocks * J->bs * hd, ld = J->nh * hd;
-    const int TB = G == 1 ? 16 : G <= 3 ? 8 : G <= 6 ? 4 : 2; /* keys a score block: TB*G regs */
+    const int TB = score_keys(G);
     const uint16_t *kc = J->k, *vc = J->v;
     uint32_t qt[8 * C * G * 16] __attribute__((aligned(64))); /* (hd/2 pairs, G, 16 tokens) */
     float acc[G * 16 * 16 * C] __attribute__((aligned(64))); /* (G, 16 tokens, hd) */
@@ -316,25 +360,9 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
             const int64_t nt = ns - c0 < 16 ? ns - c0 : 16;
             for (int64_t tt = 0; tt < 16; tt++) /* rows past nt repeat the first (masked) */
                 krow[tt] = (const uint32_t *)(kc + offs[c0 + (tt < nt ? tt : 0)]);
-            for (int64_t b0 = 0; b0 < 16; b0 += TB) {
-                __m512 a[24];
-                __m512i qv[8];
-#pragma GCC unroll 24
-                for (int i = 0; i < TB * G; i++) a[i] = _mm512_setzero_ps();
-                for (int64_t e = 0; e < hp; e++) {
-#pragma GCC unroll 8
-                    for (int j = 0; j < G; j++) qv[j] = _mm512_load_si512(qt + (e * G + j) * 16);
-#pragma GCC unroll 16
-                    for (int b = 0; b < TB; b++) {
-                        const __m512bh kb = (__m512bh)_mm512_set1_epi32((int)krow[b0 + b][e]);
-#pragma GCC unroll 8
-                        for (int j = 0; j < G; j++)
-                            a[b * G + j] = _mm512_dpbf16_ps(a[b * G + j], kb, (__m512bh)qv[j]);
-                    }
-                }
-                store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G,
-                             PREFILL_MASKED);
-            }
+            for (int64_t b0 = 0; b0 < 16; b0 += TB)
+                scores_bf16(qt, krow + b0, hp, p + (c0 + b0) * G * 16, pos, sc, s0 + c0 + b0,
+                            nt - b0, G);
         }
         softmax_span(p, ns, m, sum, acc, G, C, 1);
         for (int64_t tp = 0; tp < np; tp++) { /* weights and V rows as key pairs (t, t+1) */
@@ -374,32 +402,33 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     }
     store_outputs(J, acc, sum, i0, qn, h, G, C);
 }
+#define TILE_FN(G, C) /* a function per layout: head_cases.h */ \
+    static __attribute__((noinline)) void tile_##G##_##C##_bf16(const Chunk *J, int64_t h, \
+                                                               int64_t ti) { \
+        tile_bf16(J, h, ti, G, C); \
+    }
+HEAD_CASES(TILE_FN, 4, 8)
+#undef TILE_FN
 #define TILE_BF16(G, C) \
-    case (G) * 16 + (C): tile_bf16(J, h, ti, G, C); return;
+    case (G) * 16 + (C): tile_##G##_##C##_bf16(J, h, ti); return;
 #else
 #define TILE_BF16(G, C)
 #endif
 
-/* clang-format off */
+#define TILE_FN(G, C) \
+    static __attribute__((noinline)) void tile_##G##_##C(const Chunk *J, int64_t h, int64_t ti) { \
+        tile_avx512(J, h, ti, G, C); \
+    }
+HEAD_CASES(TILE_FN, 4, 8)
+#undef TILE_FN
 #define TILE_CASE(G, C) \
-    case (G) * 16 + (C): tile_avx512(J, h, ti, G, C); return;
+    case (G) * 16 + (C): tile_##G##_##C(J, h, ti); return;
 
 static void tile_item(const Chunk *J, int64_t h, int64_t ti) {
     if (J->dtype == BF16)
-        switch (J->nh / J->nkv * 16 + J->hd / 16) {
-            TILE_BF16(1, 4) TILE_BF16(2, 4) TILE_BF16(3, 4) TILE_BF16(4, 4)
-            TILE_BF16(5, 4) TILE_BF16(6, 4) TILE_BF16(7, 4) TILE_BF16(8, 4)
-            TILE_BF16(1, 8) TILE_BF16(2, 8) TILE_BF16(3, 8) TILE_BF16(4, 8)
-            TILE_BF16(5, 8) TILE_BF16(6, 8) TILE_BF16(7, 8) TILE_BF16(8, 8)
-        }
-    switch (J->nh / J->nkv * 16 + J->hd / 16) {
-        TILE_CASE(1, 4) TILE_CASE(2, 4) TILE_CASE(3, 4) TILE_CASE(4, 4)
-        TILE_CASE(5, 4) TILE_CASE(6, 4) TILE_CASE(7, 4) TILE_CASE(8, 4)
-        TILE_CASE(1, 8) TILE_CASE(2, 8) TILE_CASE(3, 8) TILE_CASE(4, 8)
-        TILE_CASE(5, 8) TILE_CASE(6, 8) TILE_CASE(7, 8) TILE_CASE(8, 8)
-    }
+        switch (J->nh / J->nkv * 16 + J->hd / 16) { HEAD_CASES(TILE_BF16, 4, 8) }
+    switch (J->nh / J->nkv * 16 + J->hd / 16) { HEAD_CASES(TILE_CASE, 4, 8) }
 }
-/* clang-format on */
 
 #elif defined(JR_AVX2)
 
@@ -558,19 +587,18 @@ static inline __attribute__((always_inline)) void tile_avx2(const Chunk *J, int6
     }
 }
 
-/* clang-format off */
+#define TILE_FN(G, C) /* a function per layout: head_cases.h */ \
+    static __attribute__((noinline)) void tile_##G##_##C(const Chunk *J, int64_t h, int64_t ti) { \
+        tile_avx2(J, h, ti, G, C); \
+    }
+HEAD_CASES(TILE_FN, 8, 16)
+#undef TILE_FN
 #define TILE_CASE(G, C) \
-    case (G) * 32 + (C): tile_avx2(J, h, ti, G, C); return;
+    case (G) * 32 + (C): tile_##G##_##C(J, h, ti); return;
 
 static void tile_item(const Chunk *J, int64_t h, int64_t ti) {
-    switch (J->nh / J->nkv * 32 + J->hd / 8) {
-        TILE_CASE(1, 8) TILE_CASE(2, 8) TILE_CASE(3, 8) TILE_CASE(4, 8)
-        TILE_CASE(5, 8) TILE_CASE(6, 8) TILE_CASE(7, 8) TILE_CASE(8, 8)
-        TILE_CASE(1, 16) TILE_CASE(2, 16) TILE_CASE(3, 16) TILE_CASE(4, 16)
-        TILE_CASE(5, 16) TILE_CASE(6, 16) TILE_CASE(7, 16) TILE_CASE(8, 16)
-    }
+    switch (J->nh / J->nkv * 32 + J->hd / 8) { HEAD_CASES(TILE_CASE, 8, 16) }
 }
-/* clang-format on */
 #endif
 
 #if defined(JR_AVX512) || defined(JR_AVX2)

@@ -31,6 +31,7 @@
 
 #include "amx.h"
 #include "bf16_pairs.h"
+#include "head_cases.h"
 #include "kv_load.h"
 #include "prefill_tile.h"
 #include "vexp.h"
@@ -263,32 +264,22 @@ static inline __attribute__((always_inline)) void tile_item(const Chunk *C_, con
     }
 }
 
-/* One function per head layout, each with its own stack frame (inlined into one switch, the
- * 16 layouts' arrays added up to 1.1 MB of stack; the largest alone is 145 KB). */
+/* One function per head layout (head_cases.h), each with its own stack frame (inlined into one
+ * switch, the 16 layouts' arrays added up to 1.1 MB of stack; the largest alone is 145 KB). */
 #define ITEM_FN(G, C)                                                                          \
     static __attribute__((noinline)) void item_##G##_##C(const Chunk *J, const uint16_t *kc, \
                                                          const uint16_t *vt, int64_t h,      \
                                                          int64_t ti) {                       \
         tile_item(J, kc, vt, h, ti, G, C);                                                     \
     }
-/* clang-format off */
-ITEM_FN(1, 4) ITEM_FN(2, 4) ITEM_FN(3, 4) ITEM_FN(4, 4)
-ITEM_FN(5, 4) ITEM_FN(6, 4) ITEM_FN(7, 4) ITEM_FN(8, 4)
-ITEM_FN(1, 8) ITEM_FN(2, 8) ITEM_FN(3, 8) ITEM_FN(4, 8)
-ITEM_FN(5, 8) ITEM_FN(6, 8) ITEM_FN(7, 8) ITEM_FN(8, 8)
+HEAD_CASES(ITEM_FN, 4, 8)
 
 #define ITEM_CASE(G, C) \
     case (G) * 16 + (C): item_##G##_##C(J, kc, vt, h, ti); return;
 
 static void item(const Chunk *J, const uint16_t *kc, const uint16_t *vt, int64_t h, int64_t ti) {
-    switch (J->nh / J->nkv * 16 + J->hd / 16) {
-        ITEM_CASE(1, 4) ITEM_CASE(2, 4) ITEM_CASE(3, 4) ITEM_CASE(4, 4)
-        ITEM_CASE(5, 4) ITEM_CASE(6, 4) ITEM_CASE(7, 4) ITEM_CASE(8, 4)
-        ITEM_CASE(1, 8) ITEM_CASE(2, 8) ITEM_CASE(3, 8) ITEM_CASE(4, 8)
-        ITEM_CASE(5, 8) ITEM_CASE(6, 8) ITEM_CASE(7, 8) ITEM_CASE(8, 8)
-    }
+    switch (J->nh / J->nkv * 16 + J->hd / 16) { HEAD_CASES(ITEM_CASE, 4, 8) }
 }
-/* clang-format on */
 
 int paged_prefill_amx(const float *q, int64_t ldq, const void *k, const void *v,
                       const uint16_t *k_scale, const uint16_t *v_scale, int dtype,
