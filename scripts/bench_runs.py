@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
+from jobrunner.collector import settled
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.loader import load_model
 from jobrunner.prep.order import order_requests
@@ -133,10 +134,11 @@ def run_engine(
             pass
         eng.reset_prefix_cache()  # the same work again: no prompt head is cached
         eng.reset_stats()  # the stats returned are the measured run's
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
-    seconds = time.perf_counter() - t0
-    cpu_seconds = time.process_time() - cpu0
+    with settled():  # the collector as a run's pipeline sets it while rows stream
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        results = {r.id: r for r in eng.generate(order_requests(reqs, 4096))}
+        seconds = time.perf_counter() - t0
+        cpu_seconds = time.process_time() - cpu0
     failed = [f"{r.id}: {r.error}" for r in results.values() if r.error_code]
     if failed:
         raise SystemExit(f"{kind}: {len(failed)} rows failed, e.g. {failed[0]}")

@@ -56,6 +56,7 @@ from bench import chat_ids, job_texts, mixed_prompts, prefill_flops  # noqa: E40
 from bench_kernels import peak_flops  # noqa: E402
 from bench_runs import requests  # noqa: E402
 
+from jobrunner.collector import settled  # noqa: E402
 from jobrunner.config import JobConfig, ModelConfig  # noqa: E402
 from jobrunner.engine import heap  # noqa: E402
 from jobrunner.engine.engines import ENGINES  # noqa: E402
@@ -216,8 +217,9 @@ def main() -> None:
             parts = Parts()
             instrument(eng, parts)
             reqs = requests(prompts, new, ignore_eos)
-            t0, sys0 = time.perf_counter(), os.times().system
-            done = list(eng.generate(order_requests(reqs, 4096)))
+            with settled():  # the collector as a run's pipeline sets it
+                t0, sys0 = time.perf_counter(), os.times().system
+                done = list(eng.generate(order_requests(reqs, 4096)))
             tokens = sum(map(len, prompts))
             made = sum(r.usage.completion_tokens for r in done)
             label = f"{name} (run {run + 1})" if args.runs > 1 else name
