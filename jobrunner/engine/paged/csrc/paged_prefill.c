@@ -402,6 +402,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     }
     store_outputs(J, acc, sum, i0, qn, h, G, C);
 }
+
 #define TILE_FN(G, C) /* a function per layout: head_cases.h */ \
     static __attribute__((noinline)) void tile_##G##_##C##_bf16(const Chunk *J, int64_t h, \
                                                                int64_t ti) { \
@@ -415,7 +416,7 @@ HEAD_CASES(TILE_FN, 4, 8)
 #define TILE_BF16(G, C)
 #endif
 
-#define TILE_FN(G, C) \
+#define TILE_FN(G, C) /* a function per layout: head_cases.h */ \
     static __attribute__((noinline)) void tile_##G##_##C(const Chunk *J, int64_t h, int64_t ti) { \
         tile_avx512(J, h, ti, G, C); \
     }

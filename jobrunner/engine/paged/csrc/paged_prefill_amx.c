@@ -273,6 +273,7 @@ static inline __attribute__((always_inline)) void tile_item(const Chunk *C_, con
         tile_item(J, kc, vt, h, ti, G, C);                                                     \
     }
 HEAD_CASES(ITEM_FN, 4, 8)
+#undef ITEM_FN
 
 #define ITEM_CASE(G, C) \
     case (G) * 16 + (C): item_##G##_##C(J, kc, vt, h, ti); return;
