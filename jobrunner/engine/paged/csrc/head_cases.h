@@ -6,7 +6,7 @@
  * the switch, GCC spilled accumulators that a build of the one layout keeps in registers (decode
  * over a bfloat16 cache, 18 query heads on 3 KV heads, Zen 4: 7.5 -> 6.3 ms; prefill's bfloat16
  * scores, 9 on 3: 5 of 24 accumulators every pair, 1 in the layout's own function, none in
- * scores_bf16's), and the layouts' arrays added up on one stack frame (paged_prefill_amx.c:
+ * paged_prefill.c's scores()), and the layouts' arrays added up on one stack frame (paged_prefill_amx.c:
  * 1.1 MB). */
 #ifndef JOBRUNNER_HEAD_CASES_H
 #define JOBRUNNER_HEAD_CASES_H

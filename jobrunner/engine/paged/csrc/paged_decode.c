@@ -152,6 +152,16 @@ static inline __attribute__((always_inline)) void prefetch_rows(const Job *J, co
     }
 }
 
+/* After an item's span of n tokens, when the next span (next, nn tokens) is longer: the rows the
+ * passes over this span did not request, K rows past the score pass's last block of `step`
+ * tokens, V rows past n. */
+static inline __attribute__((always_inline)) void prefetch_rest(const Job *J, const int64_t *next,
+                                                                int64_t n, int64_t nn,
+                                                                int64_t step) {
+    for (int64_t tt = (n + step - 1) / step * step; tt < nn; tt++) prefetch_row(J, J->k, next[tt]);
+    for (int64_t tt = n; tt < nn; tt++) prefetch_row(J, J->v, next[tt]);
+}
+
 #endif
 
 #if defined(JR_AVX512)
@@ -385,7 +395,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
 #pragma GCC unroll 8
                 for (int c = 0; c < CB; c++) _mm512_store_ps(acc + j * hd + 16 * (cb + c), a[j][c]);
         }
-        if (nn > n) prefetch_rows(J, next + n, nn - n); /* a next span longer than this one */
+        prefetch_rest(J, next, n, nn, 16); /* a next span longer than this one */
     }
     for (int j = 0; j < G; j++) {
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[j]));
@@ -590,7 +600,7 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
             v_pass(J, off, next, n, nn, s, alpha, acc, F32, G, C, CB);
         else
             v_pass(J, off, next, n, nn, s, alpha, acc, dtype, G, C, CB);
-        if (nn > n) prefetch_rows(J, next + n, nn - n); /* a next span longer than this one */
+        prefetch_rest(J, next, n, nn, 8); /* a next span longer than this one */
     }
     for (int j = 0; j < G; j++) {
         const __m256 inv = _mm256_set1_ps(1.0f / hadd8(sum[j]));

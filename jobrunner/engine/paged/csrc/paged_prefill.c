@@ -144,6 +144,60 @@ static inline __attribute__((always_inline)) void store_scores(float *p, const _
     }
 }
 
+typedef uint32_t word32 __attribute__((may_alias)); /* a float, or a pair of bfloat16 */
+
+/* One multiply-add of a score block: a float32 FMA of a broadcast key value and 16 tokens'
+ * query values, or (bf) a vdpbf16ps of a broadcast key pair and 16 tokens' query pairs. */
+static inline __attribute__((always_inline)) __m512 score_mac(__m512 a, __m512i k, __m512i q,
+                                                              const int bf) {
+#if defined(__AVX512BF16__)
+    if (bf) return _mm512_dpbf16_ps(a, (__m512bh)k, (__m512bh)q);
+#endif
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(k), _mm512_castsi512_ps(q), a);
+}
+
+/* The scores of TB keys (krow: float32 rows, or bf rows of bfloat16 pairs) against the tile's G
+ * heads' queries qt ((steps, G, 16 tokens) words: head dims, or bf pairs of them), TB * G
+ * accumulators held over the steps, into p as store_scores() writes them (masked lanes -inf, or
+ * bf PREFILL_MASKED: the bf path's scores are in log2 units). */
+static inline __attribute__((always_inline)) void score_block(
+    const word32 *qt, const word32 *const *krow, int64_t steps, float *p, __m512i pos, __m512 sc,
+    int64_t t0, int64_t live_keys, const int TB, const int G, const int bf) {
+    __m512 a[24];
+    __m512i qv[8];
+#pragma GCC unroll 24
+    for (int i = 0; i < TB * G; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < steps; e++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < G; j++) qv[j] = _mm512_load_si512(qt + (e * G + j) * 16);
+#pragma GCC unroll 16
+        for (int b = 0; b < TB; b++) {
+            const __m512i kb = _mm512_set1_epi32((int)krow[b][e]);
+#pragma GCC unroll 8
+            for (int j = 0; j < G; j++) a[b * G + j] = score_mac(a[b * G + j], kb, qv[j], bf);
+        }
+    }
+    store_scores(p, a, pos, sc, t0, live_keys, TB, G, bf ? PREFILL_MASKED : -INFINITY);
+}
+
+/* score_block with score_keys(G) keys, in a function of its own: in tile_bf16, GCC kept the
+ * softmax's constants in registers across the score loop and spilled accumulators to the stack
+ * every pair (5 of 24 with all layouts inlined into one switch, 1 in a layout's own function:
+ * head_cases.h). */
+static __attribute__((noinline)) void scores(const word32 *qt, const word32 *const *krow,
+                                             int64_t steps, float *p, __m512i pos, __m512 sc,
+                                             int64_t t0, int64_t live_keys, int G, int bf) {
+    switch (G) {
+#define SCORES(g) \
+    case g: \
+        if (bf) score_block(qt, krow, steps, p, pos, sc, t0, live_keys, score_keys(g), g, 1); \
+        else score_block(qt, krow, steps, p, pos, sc, t0, live_keys, score_keys(g), g, 0); \
+        return;
+        SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
+#undef SCORES
+    }
+}
+
 /* The tile's qn real tokens' outputs: acc over each head's softmax sum, into J->out. */
 static inline __attribute__((always_inline)) void store_outputs(const Chunk *J, const float *acc,
                                                                 const __m512 *sum, int64_t i0,
@@ -166,19 +220,19 @@ static inline __attribute__((always_inline)) void store_outputs(const Chunk *J, 
 /* Keys at off[0..nt-1] as float32 rows: in place for a float32 cache, else converted (times
  * their scale) into kbuf. Rows past nt repeat the first (a real row; masked later). */
 static inline void key_rows(const Chunk *J, const int64_t *offs, int64_t nt, float *kbuf,
-                            const float **krow, const int C) {
+                            const word32 **krow, const int C) {
     const int64_t hd = 16 * C;
     for (int64_t tt = 0; tt < 16; tt++) {
         const int64_t off = offs[tt < nt ? tt : 0];
         if (J->dtype == F32) {
-            krow[tt] = (const float *)J->k + off;
+            krow[tt] = (const word32 *)((const float *)J->k + off);
             continue;
         }
         const __m512 f = _mm512_set1_ps(code_scale(J->dtype, J->k_scale, off, hd));
         for (int c = 0; c < C; c++)
             _mm512_store_ps(kbuf + tt * hd + 16 * c,
                             _mm512_mul_ps(f, load16(J->k, J->dtype, off + 16 * c)));
-        krow[tt] = kbuf + tt * hd;
+        krow[tt] = (const word32 *)(kbuf + tt * hd);
     }
 }
 
@@ -194,7 +248,7 @@ static inline __attribute__((always_inline)) void tile_avx512(const Chunk *J, in
     float p[KSPAN * G * 16] __attribute__((aligned(64))); /* (key, G, 16 tokens) */
     float kbuf[16 * 16 * C] __attribute__((aligned(64)));
     int64_t offs[KSPAN];
-    const float *krow[16];
+    const word32 *krow[16];
     __m512 m[G], sum[G];
     for (int64_t d = 0; d < hd; d++)
         for (int j = 0; j < G; j++)
@@ -211,24 +265,9 @@ static inline __attribute__((always_inline)) void tile_avx512(const Chunk *J, in
         for (int64_t c0 = 0; c0 < ns; c0 += 16) { /* scores of 16 keys, TB at a time */
             const int64_t nt = ns - c0 < 16 ? ns - c0 : 16;
             key_rows(J, offs + c0, nt, kbuf, krow, C);
-            for (int64_t b0 = 0; b0 < 16; b0 += TB) {
-                __m512 a[24], qv[8]; /* TB * G <= 24 in registers: the loops are unrolled */
-#pragma GCC unroll 24
-                for (int i = 0; i < TB * G; i++) a[i] = _mm512_setzero_ps();
-                for (int64_t d = 0; d < hd; d++) {
-#pragma GCC unroll 8
-                    for (int j = 0; j < G; j++) qv[j] = _mm512_load_ps(qt + (d * G + j) * 16);
-#pragma GCC unroll 16
-                    for (int b = 0; b < TB; b++) {
-                        const __m512 kb = _mm512_set1_ps(krow[b0 + b][d]);
-#pragma GCC unroll 8
-                        for (int j = 0; j < G; j++)
-                            a[b * G + j] = _mm512_fmadd_ps(kb, qv[j], a[b * G + j]);
-                    }
-                }
-                store_scores(p + (c0 + b0) * G * 16, a, pos, sc, s0 + c0 + b0, nt - b0, TB, G,
-                             -INFINITY);
-            }
+            for (int64_t b0 = 0; b0 < 16; b0 += TB)
+                scores((const word32 *)qt, krow + b0, hd,
+                       p + (c0 + b0) * G * 16, pos, sc, s0 + c0 + b0, nt - b0, G, 0);
         }
         softmax_span(p, ns, m, sum, acc, G, C, 0);
         if (J->dtype == I8 || J->dtype == FP8) /* a V row's scale, folded into its weights */
@@ -289,45 +328,6 @@ static inline __attribute__((always_inline)) void query_pairs(const Chunk *J, in
         }
 }
 
-/* The scores of TB keys (krow, bfloat16 pairs) against the tile's G heads' queries qt (hd/2
- * pairs, G, 16 tokens), TB * G accumulators held over the hp pairs, into p as store_scores()
- * writes them. */
-static inline __attribute__((always_inline)) void score_block_bf16(
-    const uint32_t *qt, const uint32_t *const *krow, int64_t hp, float *p, __m512i pos, __m512 sc,
-    int64_t t0, int64_t live_keys, const int TB, const int G) {
-    __m512 a[24];
-    __m512i qv[8];
-#pragma GCC unroll 24
-    for (int i = 0; i < TB * G; i++) a[i] = _mm512_setzero_ps();
-    for (int64_t e = 0; e < hp; e++) {
-#pragma GCC unroll 8
-        for (int j = 0; j < G; j++) qv[j] = _mm512_load_si512(qt + (e * G + j) * 16);
-#pragma GCC unroll 16
-        for (int b = 0; b < TB; b++) {
-            const __m512bh kb = (__m512bh)_mm512_set1_epi32((int)krow[b][e]);
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                a[b * G + j] = _mm512_dpbf16_ps(a[b * G + j], kb, (__m512bh)qv[j]);
-        }
-    }
-    store_scores(p, a, pos, sc, t0, live_keys, TB, G, PREFILL_MASKED);
-}
-
-/* score_block_bf16 with score_keys(G) keys, in a function of its own: in tile_bf16, GCC kept
- * the softmax's constants in registers across the score loop and spilled accumulators to the
- * stack every pair (5 of 24 with all layouts inlined into one switch, 1 in a layout's own
- * function: head_cases.h). */
-static __attribute__((noinline)) void scores_bf16(const uint32_t *qt, const uint32_t *const *krow,
-                                                  int64_t hp, float *p, __m512i pos, __m512 sc,
-                                                  int64_t t0, int64_t live_keys, int G) {
-    switch (G) {
-#define SCORES(g) \
-    case g: score_block_bf16(qt, krow, hp, p, pos, sc, t0, live_keys, score_keys(g), g); return;
-        SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
-#undef SCORES
-    }
-}
-
 /* tile_avx512 for a bfloat16 cache on AVX-512 BF16: the queries rounded to bfloat16 and held as
  * pairs of head dims, so one vdpbf16ps adds two dims of 16 tokens' scores against a broadcast
  * key pair read from the cache as it is; the softmax weights rounded to bfloat16 and paired
@@ -346,7 +346,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
     uint32_t pw[KSPAN / 2 * G * 16] __attribute__((aligned(64))); /* (key pair, G, 16 tokens) */
     uint32_t vp[KSPAN / 2 * 16 * C] __attribute__((aligned(64))); /* (key pair, hd) */
     int64_t offs[KSPAN];
-    const uint32_t *krow[16];
+    const word32 *krow[16];
     __m512 m[G], sum[G];
     query_pairs(J, i0, qn, h, qt, G, C);
     memset(acc, 0, sizeof(acc));
@@ -359,10 +359,10 @@ static inline __attribute__((always_inline)) void tile_bf16(const Chunk *J, int6
         for (int64_t c0 = 0; c0 < ns; c0 += 16) { /* scores of 16 keys, TB at a time */
             const int64_t nt = ns - c0 < 16 ? ns - c0 : 16;
             for (int64_t tt = 0; tt < 16; tt++) /* rows past nt repeat the first (masked) */
-                krow[tt] = (const uint32_t *)(kc + offs[c0 + (tt < nt ? tt : 0)]);
+                krow[tt] = (const word32 *)(kc + offs[c0 + (tt < nt ? tt : 0)]);
             for (int64_t b0 = 0; b0 < 16; b0 += TB)
-                scores_bf16(qt, krow + b0, hp, p + (c0 + b0) * G * 16, pos, sc, s0 + c0 + b0,
-                            nt - b0, G);
+                scores((const word32 *)qt, krow + b0, hp,
+                       p + (c0 + b0) * G * 16, pos, sc, s0 + c0 + b0, nt - b0, G, 1);
         }
         softmax_span(p, ns, m, sum, acc, G, C, 1);
         for (int64_t tp = 0; tp < np; tp++) { /* weights and V rows as key pairs (t, t+1) */

@@ -13,8 +13,8 @@
  * for 16 columns, the products of one row's k pair with the column's pair: 32 multiply-adds
  * where a float32 FMA does 16. A block of up to 14 rows keeps its 28 accumulators in registers
  * over the whole of K; while the blocks work on a panel, each prefetches its share of the next
- * one into L2, and requests the lines of y it will write (a 1,024-row step's output is 12 MB, beyond L2: its stores missed,
- * 1 thread, 3072 x 576: 382 -> 453 GFLOP/s).
+ * one into L2, and requests the lines of y it will write (a 1,024-row step's output is 12 MB,
+ * beyond L2: its stores missed, 1 thread, 3072 x 576: 382 -> 453 GFLOP/s).
  *
  * Where the CPU has AMX tiles (small_gemm_amx.c) steps of amx_rows rows or more take them
  * instead, with the same packed weights.
