@@ -86,7 +86,8 @@ def test_bfloat16_weights_run_our_kernel_with_float32_rows_and_a_bfloat16_cache(
     engine, _ = paged_greedy(models[1], prompts[:2])
     assert engine.model.dtype == torch.bfloat16 and engine.model.act_dtype == torch.float32
     assert engine.kv.layers[0][0].dtype == torch.bfloat16
-    assert len(calls) >= 4 * len(engine.model.layers)  # qkv, o, gate/up, down each step
+    assert len(calls) > len(engine.model.layers)  # q/k/v of each layer and lm_head, prefill
+    assert engine.model.native is not None  # decode steps: the same kernels in one call
 
 
 def test_bfloat16_tokens_are_closer_to_float32_than_hf_bfloat16s(models, prompts):
@@ -172,9 +173,56 @@ def test_rope_and_kv_write_in_one_pass_keep_every_bit(models, prompts, monkeypat
     runs = []
     for on in (True, False):
         one_pass[0] = on
-        runs.append(_tokens_and_logprobs(PagedEngine(models[1], _several_steps()), prompts))
+        engine = PagedEngine(models[1], _several_steps())
+        engine.model.native = None  # every step layer by layer, through the spy
+        runs.append(_tokens_and_logprobs(engine, prompts))
     assert runs[0] == runs[1]
     assert True in calls and False in calls
+
+
+def test_decode_steps_in_one_native_call_keep_every_bit(models, prompts, amx, monkeypatch):
+    """A decode step runs every decoder layer in one native call (NativeLayers): every token
+    and log-probability is the same to the bit as layer by layer from Python, over prompts of
+    one step and of several; prefill steps keep the Python loop."""
+    from jobrunner.engine.paged import PagedEngine
+    from jobrunner.engine.paged.native_layers import NativeLayers
+
+    took, real = [], NativeLayers.run
+    monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
+    runs = []
+    for native in (True, False):
+        engine = PagedEngine(models[1], _several_steps())
+        if not native:
+            engine.model.native = None
+        runs.append(_tokens_and_logprobs(engine, prompts))
+    assert runs[0] == runs[1]
+    assert True in took and False in took
+
+
+def test_a_module_swapped_between_steps_is_what_the_next_native_step_runs(models, prompts):
+    """The native call's table of addresses is built again when a module it came from is
+    replaced: after one layer's o_proj is swapped for another Linear (other weights), decode
+    steps give what the layer-by-layer loop gives on the swapped model."""
+    from torch import nn
+
+    from jobrunner.engine.paged import PagedEngine
+
+    attn = models[1].model.model.layers[2].self_attn
+    before = attn.o_proj
+    cfg = _several_steps()
+    cfg.engine.prefix_caching = False  # no K/V the first o_proj made is read after the swap
+    engine = PagedEngine(models[1], cfg)
+    original = _tokens_and_logprobs(engine, prompts)  # the table built from the first o_proj
+    swapped = nn.Linear(before.in_features, before.out_features, bias=False)
+    swapped.weight = nn.Parameter(before.weight.detach().flip(0).clone(), requires_grad=False)
+    try:
+        attn.o_proj = swapped
+        native = _tokens_and_logprobs(engine, prompts)
+        engine.model.native = None
+        assert native == _tokens_and_logprobs(engine, prompts)
+        assert native != original  # the swap changed what the steps compute
+    finally:
+        attn.o_proj = before
 
 
 def _several_steps() -> JobConfig:
@@ -232,3 +280,34 @@ def test_without_the_kernel_a_bfloat16_model_computes_in_bfloat16(models, monkey
     monkeypatch.setattr(cpu_kernels, "gemm_bf16_supported", lambda: False)
     model = PagedCausalLM(models[1].model, 256)
     assert model.act_dtype == torch.bfloat16 and model.cos.dtype == torch.bfloat16
+
+
+def test_biased_projections_take_the_native_decode_call_to_the_bit(models, prompts, monkeypatch):
+    """A Qwen2-layout model (q/k/v biases, 2 query heads a KV head, head size 32; random
+    bfloat16 weights) runs its decode steps in one native call, biases included, with the same
+    tokens and log-probabilities as layer by layer."""
+    from dataclasses import replace
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from jobrunner.engine.paged import PagedEngine
+    from jobrunner.engine.paged.native_layers import NativeLayers
+
+    took, real = [], NativeLayers.run
+    monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=models[1].model.config.vocab_size, hidden_size=128, intermediate_size=256,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=512, tie_word_embeddings=True,
+    )  # fmt: skip
+    qwen = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    loaded = replace(models[1], model=qwen)
+    runs = []
+    for native in (True, False):
+        engine = PagedEngine(loaded, _several_steps())
+        assert engine.model.native is not None and engine.model.qkv[0][2] is not None
+        if not native:
+            engine.model.native = None
+        runs.append(_tokens_and_logprobs(engine, prompts))
+    assert runs[0] == runs[1] and True in took

@@ -102,6 +102,10 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_bf16_rows.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_panel.restype = ctypes.c_int
     lib.small_gemm_bf16_panel.argtypes = []
+    lib.decode_layers.restype = ctypes.c_int
+    lib.decode_layers.argtypes = [_ptr, _ptr, _i64, _ptr] + [_i64] * 6 + [_ptr] * 4
+    lib.decode_layers.argtypes += [ctypes.c_int, _ptr, _i64, _ptr, _i64, _i64, ctypes.c_float]
+    lib.decode_layers.argtypes += [ctypes.c_int]
     lib.small_gemm_bf16_amx_rows.restype = _i64
     lib.small_gemm_bf16_amx_rows.argtypes = [_i64]
     lib.kernel_isa.restype = ctypes.c_char_p
@@ -527,6 +531,38 @@ def _checked(rc: int, y: torch.Tensor, name: str) -> torch.Tensor:
     if rc != 0:
         raise MemoryError(f"{name}: out of memory for the bfloat16 rows")
     return y
+
+
+def decode_layers(
+    table: torch.Tensor,  # (L, LAYER_PTRS) int64: each layer's addresses (csrc/decode_layers.c)
+    eps: torch.Tensor,  # (L, 2) float32: the two norms' epsilons
+    h: torch.Tensor,  # (T, H) float32, contiguous: the residual stream, updated in place
+    heads: tuple[int, int, int, int],  # nh, nkv, hd, the MLP's intermediate size
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # cos, sin tables; positions (T,)
+    slots: torch.Tensor,  # (T,) where each row's K/V go
+    cache: torch.Tensor,  # one layer's K cache: its dtype and shape stand for every layer's
+    block_tables: torch.Tensor,  # (T, nb)
+    context_lens: torch.Tensor,  # (T,)
+    scale: float,
+) -> None:
+    """Every decoder layer of a decode step, h updated in place (native_layers.NativeLayers):
+    the kernels the Python forward calls layer by layer, in one call."""
+    nh, nkv, hd, n = heads
+    cos, sin, positions = rope
+    pos, slots = positions.to(torch.int64).contiguous(), slots.to(torch.int64).contiguous()
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    (t, d), (_, num_blocks, bs, _) = h.shape, cache.shape
+    rc = load().decode_layers(
+        table.data_ptr(), eps.data_ptr(), table.shape[0], h.data_ptr(), t, d, nh, nkv, hd, n,
+        cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), slots.data_ptr(), DTYPES[cache.dtype],
+        tables.data_ptr(), tables.shape[1], lens.data_ptr(), num_blocks, bs, scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == 1:
+        raise MemoryError("decode_layers: out of memory for the step's rows")
+    if rc != 0:
+        raise RuntimeError("decode_layers: a kernel declined a step NativeLayers took")
 
 
 def rows_supported(x: torch.Tensor) -> bool:

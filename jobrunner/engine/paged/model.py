@@ -27,6 +27,15 @@ from torch import nn
 
 from jobrunner.engine.paged import cpu_kernels
 from jobrunner.engine.paged.attention import AttentionMetadata, paged_attention
+from jobrunner.engine.paged.layer_parts import (
+    RMS_NORMS,
+    SILUS,
+    Fused,
+    apply_fused,
+    fuse,
+    is_current,
+)
+from jobrunner.engine.paged.native_layers import NativeLayers
 from jobrunner.engine.paged.small_linear import SmallRowLinear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -65,10 +74,6 @@ def rms_norm(
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
-RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
-SILUS = ("SiLU", "SiLUActivation")  # torch's, and what transformers 5 builds for `silu`
-
-
 class StepInterrupted(Exception):
     """A step abandoned between two layers because `PagedCausalLM.stopping()` said so: on a
     slow CPU one prefill step takes minutes, longer than a stop signal may wait. The KV the
@@ -104,12 +109,13 @@ class PagedCausalLM:
         self.cos, self.sin = self._rope_table(hf_model, max_model_len, self.act_dtype)
         self.rope_kernel = cpu_kernels.rope_supported(self.cos.dtype, self.cos.device)
         self.qkv = [
-            _fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)
+            fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)
         ]
-        self.gate_up = [_fuse([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
+        self.gate_up = [fuse([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
         on_cpu = next(hf_model.parameters()).device.type == "cpu"
         self.mlp_tile = CPU_MLP_TILE if on_cpu else None
         self.stopping: Callable[[], bool] = _never  # asked between layers (StepInterrupted)
+        self.native = NativeLayers(self) if NativeLayers.usable(self) else None  # decode steps
 
     def _float_rows(self, hf_model: Any) -> bool:
         """Whether a bfloat16 model keeps float32 activations: every linear plain and taken by
@@ -137,7 +143,7 @@ class PagedCausalLM:
         float32 rows of bfloat16 linears (so the bfloat16-weight kernels, which read such rows
         in place, run them) that are still the fused weight. The linear rounds float32 rows
         the same way: the same bits."""
-        return self.rounds_rows and _current(fused, mods)
+        return self.rounds_rows and is_current(fused, mods)
 
     def _rows_linear(self, x: torch.Tensor):
         """The small-row linear for x: rows rounded to bfloat16 (_rounds) take its `rounded`."""
@@ -172,10 +178,17 @@ class PagedCausalLM:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         out_rows: torch.Tensor | None = None,  # (R,) token rows wanted; None: all
     ) -> torch.Tensor:  # (R, D) after the final norm, in act_dtype
+        h = self.hf.model.embed_tokens(input_ids).to(self.act_dtype)  # (T, D), updated in place
+        native = self.native is not None and not self.stopping()  # a decode step: one call
+        if not (native and self.native.run(h, positions, meta, kv_caches)):
+            self._layers(h, positions, meta, kv_caches)
+        return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
+
+    def _layers(self, h: torch.Tensor, positions, meta, kv_caches) -> None:
+        """h through every decoder layer, in place, layer by layer."""
         rope = (positions, None, None)  # the C kernel reads the tables by position
         if not self.rope_kernel:
             rope = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
-        h = self.hf.model.embed_tokens(input_ids).to(self.act_dtype)  # (T, D), updated in place
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if self.stopping():
                 raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
@@ -185,7 +198,6 @@ class PagedCausalLM:
                 mlp = layer.mlp
                 rounded = self._rounds(self.gate_up[i], [mlp.gate_proj, mlp.up_proj])
                 self._mlp(i, mlp, self._norm(layer.post_attention_layernorm, rows, rounded), rows)
-        return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
 
     def _linear(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A plain nn.Linear through the small-row path; other modules (quantized) as they are,
@@ -217,7 +229,7 @@ class PagedCausalLM:
         gated = self._silu_gated(self.gate_up[i], mods, mlp.down_proj, x) if silu else None
         if gated is not None:  # gate/up and the product in one kernel
             return gated
-        fused = _apply(self.gate_up[i], mods, x, self._rows_linear(x))
+        fused = apply_fused(self.gate_up[i], mods, x, self._rows_linear(x))
         if fused is None:
             return None
         gate, up = fused.split(self.gate_up[i][3], dim=-1)
@@ -237,7 +249,7 @@ class PagedCausalLM:
         """silu(gate) * up straight from the fused gate/up weight where the small-row linears
         have a kernel for it and this step takes it (SmallRowLinear.silu_gated): bfloat16 rows
         for a plain down projection of a model with float32 activations; else None."""
-        if not _current(fused, mods) or type(down) is not nn.Linear:
+        if not is_current(fused, mods) or type(down) is not nn.Linear:
             return None
         if self.act_dtype != torch.float32:  # bfloat16 activations: as HF computes them
             return None
@@ -252,7 +264,7 @@ class PagedCausalLM:
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
         x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods))
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        fused = _apply(self.qkv[i], mods, x, self._rows_linear(x))  # (T, (nh+2nkv) hd) or None
+        fused = apply_fused(self.qkv[i], mods, x, self._rows_linear(x))  # (T, (nh+2nkv) hd) or None
         written = False
         if fused is not None and not hasattr(attn, "q_norm"):
             qkv = fused.view(T, nh + 2 * nkv, hd)
@@ -280,41 +292,6 @@ class PagedCausalLM:
         return cpu_kernels.rope_kv_write_(
             qkv, nh, self.cos, self.sin, positions, k_cache, v_cache, slots
         )
-
-
-Fused = tuple[tuple[nn.Module, ...], torch.Tensor, torch.Tensor | None, list[int]]
-
-
-def _fuse(mods: list[nn.Module]) -> Fused | None:
-    """One weight for several plain `nn.Linear`s reading the same input (q/k/v, gate/up): the
-    modules' weights become views into it, so no memory is added. None when any module is not
-    a plain Linear (e.g. swapped by a quantizer) or only some have a bias."""
-    if not all(type(m) is nn.Linear for m in mods):
-        return None
-    biases = [m.bias for m in mods]
-    if any(b is None for b in biases) and any(b is not None for b in biases):
-        return None
-    sizes = [m.out_features for m in mods]
-    with torch.no_grad():
-        weight = torch.cat([m.weight for m in mods])
-        bias = None if biases[0] is None else torch.cat(biases)
-        for m, w in zip(mods, weight.split(sizes), strict=True):
-            m.weight = nn.Parameter(w, requires_grad=False)
-        if bias is not None:
-            for m, b in zip(mods, bias.split(sizes), strict=True):
-                m.bias = nn.Parameter(b, requires_grad=False)
-    return tuple(mods), weight, bias, sizes
-
-
-def _apply(fused: Fused | None, mods: list[nn.Module], x: torch.Tensor, linear=F.linear):
-    """The fused projection (outputs side by side), or None when the modules changed since
-    fusing."""
-    return linear(x, fused[1], fused[2]) if _current(fused, mods) else None
-
-
-def _current(fused: Fused | None, mods: list[nn.Module]) -> bool:
-    """Whether the fused weight still stands for these modules (none swapped since fusing)."""
-    return fused is not None and all(a is b for a, b in zip(fused[0], mods, strict=True))
 
 
 def _never() -> bool:

@@ -54,18 +54,22 @@ class SmallRowLinear:
         if x.dtype != torch.float32 or x.dim() != 2:
             return F.linear(x, w, b)
         if w.dtype == torch.bfloat16:
-            return cpu_kernels.small_gemm_bf16(x, self._packed(w), self._float(b), w.shape[0])
+            return cpu_kernels.small_gemm_bf16(
+                x, self.packed_weight(w), self.float_bias(b), w.shape[0]
+            )
         if self.max_rows is not None and x.shape[0] > self.max_rows:
             return F.linear(x, w, b)
         if self.native:
-            return cpu_kernels.small_gemm(x, self._packed(w), b, w.shape[0])
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed(w), b, "none", [], "")
+            return cpu_kernels.small_gemm(x, self.packed_weight(w), b, w.shape[0])
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(w), b, "none", [], "")
 
     def rounded(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """The float32 linear of bfloat16 rows x standing for float32 rows rounded where they
         were made (model.PagedCausalLM._rounds): the same bits as this linear of those rows."""
         if w.dtype == torch.bfloat16 and x.dim() == 2:
-            return cpu_kernels.small_gemm_bf16(x, self._packed(w), self._float(b), w.shape[0])
+            return cpu_kernels.small_gemm_bf16(
+                x, self.packed_weight(w), self.float_bias(b), w.shape[0]
+            )
         return self(x.float(), w, b)
 
     def add_(
@@ -77,7 +81,9 @@ class SmallRowLinear:
         rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
         if w.dtype == torch.bfloat16 and rows_ok and y.dtype == torch.float32:
             n = w.shape[0]
-            added = cpu_kernels.small_gemm_bf16_add_(y, x, self._packed(w), self._float(b), n)
+            added = cpu_kernels.small_gemm_bf16_add_(
+                y, x, self.packed_weight(w), self.float_bias(b), n
+            )
             if added:
                 return
         y += self.rounded(x, w, b) if x.dtype == torch.bfloat16 else self(x, w, b)
@@ -92,15 +98,19 @@ class SmallRowLinear:
         rows_ok = x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
         if not rows_ok or w.dtype != torch.bfloat16 or (w.shape[0] // 2) % 32:
             return None  # (bfloat16 weights here: usable() found the kernel built)
-        return cpu_kernels.small_gemm_bf16_silu(x, self._packed(w), self._float(b), w.shape[0] // 2)
+        return cpu_kernels.small_gemm_bf16_silu(
+            x, self.packed_weight(w), self.float_bias(b), w.shape[0] // 2
+        )
 
-    def _packed(self, w: torch.Tensor) -> torch.Tensor:
+    def packed_weight(self, w: torch.Tensor) -> torch.Tensor:
+        """w packed for this path's kernel: once, at its first use."""
         entry = self.packed.get(id(w))
         if entry is None or entry[0] is not w:
             entry = self.packed[id(w)] = (w, self._pack(w))
         return entry[1]
 
-    def _float(self, b: torch.Tensor | None) -> torch.Tensor | None:
+    def float_bias(self, b: torch.Tensor | None) -> torch.Tensor | None:
+        """b as the bfloat16-weight kernels take it: float32 (copied once)."""
         if b is None or b.dtype == torch.float32:
             return b
         entry = self.biases.get(id(b))

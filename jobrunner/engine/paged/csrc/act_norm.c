@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "layer_kernels.h"
 #include "silu.h"
 #include "vexp.h"
 

@@ -24,6 +24,7 @@
 
 #include "head_cases.h"
 #include "kv_load.h"
+#include "layer_kernels.h"
 #include "vexp.h"
 
 typedef struct {

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kv_load.h"
+#include "layer_kernels.h"
 
 #pragma GCC optimize("fp-contract=off")
 

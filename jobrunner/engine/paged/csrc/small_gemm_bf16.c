@@ -26,6 +26,7 @@
 
 #include "amx.h"
 #include "bf16_pairs.h"
+#include "layer_kernels.h"
 #include "silu.h"
 
 #define NR 32 /* output columns per panel */

@@ -1,0 +1,176 @@
+"""A decode step's decoder layers in one native call (csrc/decode_layers.c).
+
+From Python a decoder layer of a decode step is ten kernel calls (model.PagedCausalLM), each
+converting its arguments and allocating its output while the other threads wait: at 64 rows on
+Zen 4 about a tenth of the step. Where the model and the step are what those kernels take in
+the mixed mode (a bfloat16 model with float32 activations on AVX-512 BF16: every projection a
+plain, still-fused bfloat16 Linear, RMSNorms, a SiLU-gated MLP whose intermediate size is a
+multiple of 32, no q/k norm; a step of decode rows only, in the kernel's one group, over a
+float32 or bfloat16 cache), `NativeLayers` runs every layer in one call: the same kernels in
+the same order on the same rows, so the same bits. Anything else takes the Python loop.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import nn
+
+from jobrunner.engine.paged import cpu_kernels
+from jobrunner.engine.paged.attention import AttentionMetadata, DecodeGroup
+from jobrunner.engine.paged.layer_parts import RMS_NORMS, SILUS, is_current
+
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # what rope.c's K/V write stores
+
+
+class NativeLayers:
+    """Decode steps of one PagedCausalLM through csrc/decode_layers.c. The table of each layer's
+    addresses is built at the first step and again whenever a module, a weight or a cache it
+    came from is no longer the same object."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model  # the PagedCausalLM
+        self.key: list[object] | None = None  # what the table was built from
+        self.table: tuple[torch.Tensor, torch.Tensor, int] | None = None  # addresses, eps, n
+        self.tensors: list[torch.Tensor | None] = []  # what the addresses point into
+
+    @staticmethod
+    def usable(model: Any) -> bool:
+        """Whether the model runs in the mode the kernels take at all."""
+        return model.rounds_rows and model.rope_kernel and cpu_kernels.gemm_bf16_supported()
+
+    def run(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches):
+        """h (T, H) float32 through every decoder layer, in place, the new K/V in the caches;
+        False, and nothing done, where the step or the model is not one the kernels take."""
+        group = _decode_group(meta, h.shape[0], self.model.mlp_tile)
+        if group is None or not self.model.rounds_rows:
+            return False
+        table = self._table(kv_caches)
+        if table is None:
+            return False
+        m, (addresses, eps, n) = self.model, table
+        cpu_kernels.decode_layers(
+            addresses, eps, h, (m.num_heads, m.num_kv_heads, m.head_dim, n),
+            (m.cos, m.sin, positions), meta.slot_mapping, kv_caches[0][0], group.block_tables,
+            group.context_lens, m.scale,
+        )  # fmt: skip
+        return True
+
+    def _table(self, kv_caches) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        key = self._key(kv_caches)
+        same = self.key is not None and len(key) == len(self.key)
+        if not (same and all(map(operator.is_, key, self.key))):
+            self.key, self.table = key, self._build(kv_caches)
+        return self.table
+
+    def _key(self, kv_caches) -> list[object]:
+        """Every object the table's addresses come from, or that decides whether it is taken."""
+        key: list[object] = []
+        for layer, (k, v) in zip(self.model.layers, kv_caches, strict=True):
+            a, m = layer.self_attn, layer.mlp
+            o, down = a.o_proj, m.down_proj
+            key += [a.q_proj, a.k_proj, a.v_proj, o, m.gate_proj, m.up_proj, down, m.act_fn]
+            key += [getattr(x, name, None) for x in (o, down) for name in ("weight", "bias")]
+            key += [layer.input_layernorm, layer.post_attention_layernorm, k, v]
+            key.append(getattr(a, "q_norm", None))
+        return key
+
+    def _build(self, kv_caches) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        rows, eps, sizes, self.tensors = [], [], set(), []
+        for i, (layer, (k, v)) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            got = self._layer(i, layer, k, v, kv_caches[0][0])
+            if got is None:
+                return None
+            tensors, norm_eps, n = got
+            self.tensors += tensors
+            rows.append([0 if t is None else t.data_ptr() for t in tensors])
+            eps.append(norm_eps)
+            sizes.add(n)
+        if len(sizes) != 1:
+            return None
+        return torch.tensor(rows), torch.tensor(eps, dtype=torch.float32), sizes.pop()
+
+    def _layer(self, i: int, layer, k, v, first) -> tuple[list, tuple[float, float], int] | None:
+        """The layer's row of addresses (csrc/decode_layers.c's LAYER_PTRS order), its norms'
+        epsilons and its intermediate size; None where the kernels do not take it."""
+        m, a, mlp = self.model, layer.self_attn, layer.mlp
+        qkv, gate_up = m.qkv[i], m.gate_up[i]
+        o, down = a.o_proj, mlp.down_proj
+        taken = (
+            not hasattr(a, "q_norm")
+            and type(mlp.act_fn).__name__ in SILUS
+            and is_current(qkv, [a.q_proj, a.k_proj, a.v_proj])
+            and is_current(gate_up, [mlp.gate_proj, mlp.up_proj])
+            and all(type(x) is nn.Linear for x in (o, down))
+            and gate_up[3][0] == gate_up[3][1]
+            and self._shapes_fit(qkv[1], o.weight, gate_up[1], down.weight)
+            and _same_cache(k, first, m)
+            and _same_cache(v, first, m)
+        )
+        norms = [self._norm(x) for x in (layer.input_layernorm, layer.post_attention_layernorm)]
+        if not taken or None in norms:
+            return None
+        rows = m.small_rows
+        tensors = [
+            norms[0][0], rows.packed_weight(qkv[1]), rows.float_bias(qkv[2]),
+            rows.packed_weight(o.weight), rows.float_bias(o.bias), norms[1][0],
+            rows.packed_weight(gate_up[1]), rows.float_bias(gate_up[2]),
+            rows.packed_weight(down.weight), rows.float_bias(down.bias), k, v,
+        ]  # fmt: skip
+        return tensors, (norms[0][1], norms[1][1]), gate_up[3][0]
+
+    def _shapes_fit(self, qkv, o, gate_up, down) -> bool:
+        """bfloat16 weights of the shapes the kernels assume: q/k/v from the hidden size to the
+        heads, o back, gate/up to twice an intermediate size that is a multiple of 32, down
+        back."""
+        m = self.model
+        hidden, heads = m.hf.config.hidden_size, m.num_heads * m.head_dim
+        n = gate_up.shape[0] // 2
+        shapes = [(heads + 2 * m.num_kv_heads * m.head_dim, hidden), (hidden, heads)]
+        shapes += [(2 * n, hidden), (hidden, n)]
+        weights = (qkv, o, gate_up, down)
+        if any(w.dtype != torch.bfloat16 for w in weights) or n % 32:
+            return False
+        return all(tuple(w.shape) == shape for w, shape in zip(weights, shapes, strict=True))
+
+    def _norm(self, module: nn.Module) -> tuple[torch.Tensor, float] | None:
+        """An RMSNorm's float32 weight and epsilon, as model.rms_norm runs it in one pass."""
+        eps = getattr(module, "variance_epsilon", None)
+        weight = self.model.norm_weights.get(module)
+        if eps is None or weight is None or type(module).__name__ not in RMS_NORMS:
+            return None
+        hidden = self.model.hf.config.hidden_size
+        if weight.dtype != torch.float32 or weight.shape != (hidden,) or weight.stride() != (1,):
+            return None
+        return weight, eps
+
+
+def _decode_group(meta: AttentionMetadata, rows: int, max_rows: int | None) -> DecodeGroup | None:
+    """The step's one group of decode rows, where the step is nothing else and the decode
+    kernel attends it (no mask), in one MLP tile."""
+    if (
+        meta.triton is not None
+        or meta.prefills
+        or len(meta.decode_groups) != 1
+        or not meta.kernel_writes
+    ):
+        return None
+    group = meta.decode_groups[0]
+    if group.mask is not None or (group.start, group.end) != (0, rows):
+        return None
+    return None if max_rows is not None and rows > max_rows else group
+
+
+def _same_cache(cache, first, model) -> bool:
+    """A plain, contiguous float32 or bfloat16 layer cache (nkv, num_blocks, bs, hd) laid out as
+    the first layer's."""
+    return (
+        isinstance(cache, torch.Tensor)
+        and cache.dtype in CACHE_DTYPES
+        and cache.is_contiguous()
+        and cache.dtype == first.dtype
+        and cache.shape == first.shape
+        and (cache.shape[0], cache.shape[3]) == (model.num_kv_heads, model.head_dim)
+    )
