@@ -1,6 +1,6 @@
 """A decode step's decoder layers in one native call (csrc/decode_layers.c).
 
-From Python a decoder layer of a decode step is ten kernel calls (model.PagedCausalLM), each
+From Python a decoder layer of a decode step is eight kernel calls (model.PagedCausalLM), each
 converting its arguments and allocating its output while the other threads wait: at 64 rows on
 Zen 4 about a tenth of the step. Where the model and the step are what those kernels take in
 the mixed mode (a bfloat16 model with float32 activations on AVX-512 BF16: every projection a

@@ -1,6 +1,6 @@
 /* A decode step's decoder layers in one call: for each layer the kernels model.PagedCausalLM
  * runs from Python for a bfloat16 model with float32 activations, in the same order on the same
- * rows (the same bits), without returning to Python between them. From Python a layer is ten
+ * rows (the same bits), without returning to Python between them. From Python a layer is eight
  * calls, each converting its arguments and allocating its output; a step of 64 rows spent
  * about a tenth of its time there while the second thread waited (native_layers.py).
  *
