@@ -527,3 +527,28 @@ def test_fp8_write_rounds_every_code_and_tie_as_torch_does():
     assert torch.equal(ours[0].scales, ref.scales)
     bad = (ours[0].codes != ref.codes).nonzero()
     assert not len(bad), [rows[b * 16 + p, d].item() for _, b, p, d in bad[:5].tolist()]
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows,vocab", [(64, 49152), (1, 300), (3, 1)])
+def test_row_max_gives_torch_max_s_maximum_and_first_index(rows, vocab):
+    """Greedy sampling's argmax (cpu_kernels.row_max) is torch.max(dim=-1)'s: the first of tied
+    maxima, the first of +0.0/-0.0, the first NaN where a row holds one, +inf and all -inf rows
+    as torch has them; the maxima finite exactly where torch's are."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, vocab, generator=g)
+    if rows >= 8:
+        x[3, 100] = x[3, 5000] = 99.0
+        x[4] = -0.0
+        x[4, 7] = 0.0
+        x[5, 300] = x[5, 200] = float("nan")
+        x[6, 9] = float("inf")
+        x[7] = float("-inf")
+    x[-1, -1] = 1e9  # a maximum at the very end
+    best, index = x.max(dim=-1)
+    got_best, got_index = cpu_kernels.row_max(x)
+    assert got_index.tolist() == index.tolist()
+    assert torch.equal(torch.isfinite(got_best), torch.isfinite(best))
+    assert torch.equal(got_best.nan_to_num(), best.nan_to_num())
+    strided = torch.cat([x, x], dim=1)[:, :vocab]  # rows at another stride
+    assert cpu_kernels.row_max(strided)[1].tolist() == index.tolist()

@@ -312,12 +312,16 @@ class RowSampler:
 
 
 def sample(
-    logits: torch.Tensor, rows: list[RowSampler]
+    logits: torch.Tensor,
+    rows: list[RowSampler],
+    maxima: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[list[int], list[bool], list[TokenLogprob | None]]:
     """Tokens for each row of logits (R, V), whether the row's logits were usable, and each
     row's logprob entry (None unless it asks). A NaN or +inf anywhere in a row becomes its
-    maximum, so checking the R maxima finds it (a -inf logit only rules its token out)."""
-    best, tokens = logits.max(dim=-1)  # plain greedy rows are done here: the first maximum
+    maximum, so checking the R maxima finds it (a -inf logit only rules its token out).
+    `maxima`: `logits.max(dim=-1)` where the engine has a faster way to it."""
+    # plain greedy rows are done here: the first maximum
+    best, tokens = logits.max(dim=-1) if maxima is None else maxima
     finite = torch.isfinite(best).tolist()
     tokens = tokens.tolist()
     want = [i for i, r in enumerate(rows) if r.logprobs is not None and finite[i]]

@@ -102,6 +102,8 @@ def load() -> ctypes.CDLL | None:
     lib.small_gemm_bf16_rows.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 3 + [ctypes.c_int]
     lib.small_gemm_bf16_panel.restype = ctypes.c_int
     lib.small_gemm_bf16_panel.argtypes = []
+    lib.row_first_index.restype = None
+    lib.row_first_index.argtypes = [_ptr, _i64, _ptr, _i64, _i64, _ptr, ctypes.c_int]
     lib.decode_layers.restype = ctypes.c_int
     lib.decode_layers.argtypes = [_ptr, _ptr, _i64, _ptr] + [_i64] * 6 + [_ptr] * 4
     lib.decode_layers.argtypes += [ctypes.c_int, _ptr, _i64, _ptr, _i64, _i64, ctypes.c_float]
@@ -563,6 +565,21 @@ def decode_layers(
         raise MemoryError("decode_layers: out of memory for the step's rows")
     if rc != 0:
         raise RuntimeError("decode_layers: a kernel declined a step NativeLayers took")
+
+
+def row_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """torch.max(logits, dim=-1) for greedy sampling: each row's maximum (NaN where it holds
+    one) and the index of its first occurrence, the maximum by torch.amax and the index by
+    csrc/row_max.c; None where the kernels do not take the tensor (not float32 rows on CPU)."""
+    if not rows_supported(logits) or logits.shape[1] == 0:
+        return None
+    best = logits.amax(dim=-1)
+    index = torch.empty(logits.shape[0], dtype=torch.int64)
+    load().row_first_index(
+        logits.data_ptr(), logits.stride(0), best.data_ptr(), logits.shape[0], logits.shape[1],
+        index.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return best, index
 
 
 def rows_supported(x: torch.Tensor) -> bool:

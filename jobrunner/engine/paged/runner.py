@@ -108,7 +108,8 @@ class ModelRunner:
         inputs = self.prepare(batch)
         logits = self._forward(inputs)  # (R, V)
         rows = [batch.seqs[i].sampler for i in inputs.sampling_rows]
-        sampled, finite, logprobs = sample(logits, rows)  # processors run on the logits here
+        maxima = cpu_kernels.row_max(logits)  # (CPU: torch.max's, faster; else None)
+        sampled, finite, logprobs = sample(logits, rows, maxima)  # processors run here
         picks: dict[int, list[int]] = {}  # batch row -> its logits rows, in position order
         for j, row in enumerate(inputs.sampling_rows):
             picks.setdefault(row, []).append(j)
