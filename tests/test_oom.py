@@ -73,12 +73,12 @@ def test_nan_logits_fail_their_row_only_and_retry_errors_reruns_it(tmp_path, mon
         step["ids"] = [batch.seqs[i].request.id for i in inputs.sampling_rows]
         return inputs
 
-    def sample(logits, samplers):  # logits: (R, V), one row per sampling sequence
+    def sample(logits, samplers, *how):  # logits: (R, V), one row per sampling sequence
         logits = logits.clone()  # an inference tensor: a copy can be written
         for row, row_id in enumerate(step["ids"]):
             if row_id == "r05":
                 logits[row] = float("nan")
-        return real_sample(logits, samplers)
+        return real_sample(logits, samplers, *how)
 
     monkeypatch.setattr(runner.ModelRunner, "prepare", prepare)
     monkeypatch.setattr(runner, "sample", sample)

@@ -314,12 +314,13 @@ class RowSampler:
 def sample(
     logits: torch.Tensor,
     rows: list[RowSampler],
-    maxima: tuple[torch.Tensor, torch.Tensor] | None = None,
+    row_max: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None] | None = None,
 ) -> tuple[list[int], list[bool], list[TokenLogprob | None]]:
     """Tokens for each row of logits (R, V), whether the row's logits were usable, and each
     row's logprob entry (None unless it asks). A NaN or +inf anywhere in a row becomes its
     maximum, so checking the R maxima finds it (a -inf logit only rules its token out).
-    `maxima`: `logits.max(dim=-1)` where the engine has a faster way to it."""
+    `row_max`: the engine's faster `logits.max(dim=-1)`, None where it does not take them."""
+    maxima = row_max(logits) if row_max is not None else None
     # plain greedy rows are done here: the first maximum
     best, tokens = logits.max(dim=-1) if maxima is None else maxima
     finite = torch.isfinite(best).tolist()

@@ -108,8 +108,8 @@ class ModelRunner:
         inputs = self.prepare(batch)
         logits = self._forward(inputs)  # (R, V)
         rows = [batch.seqs[i].sampler for i in inputs.sampling_rows]
-        maxima = cpu_kernels.row_max(logits)  # (CPU: torch.max's, faster; else None)
-        sampled, finite, logprobs = sample(logits, rows, maxima)  # processors run here
+        # processors run on the logits here; on CPU the argmax is ours (torch.max's, faster)
+        sampled, finite, logprobs = sample(logits, rows, cpu_kernels.row_max)
         picks: dict[int, list[int]] = {}  # batch row -> its logits rows, in position order
         for j, row in enumerate(inputs.sampling_rows):
             picks.setdefault(row, []).append(j)
