@@ -66,15 +66,20 @@ class NativeLayers:
         return self.table
 
     def _key(self, kv_caches) -> list[object]:
-        """Every object the table's addresses come from, or that decides whether it is taken."""
+        """Every object the table's addresses come from, or that decides whether it is taken:
+        each layer's submodules (norms, attention, MLP), theirs (projections, q/k norms, the
+        activation), o_proj's and down's parameters, and the caches. Read from the modules'
+        registries (`_modules`, `_parameters`, where nn.Module keeps what is assigned to it)
+        rather than attribute by attribute: this runs every decode step (SmolLM2: 412 -> 35 us)."""
         key: list[object] = []
         for layer, (k, v) in zip(self.model.layers, kv_caches, strict=True):
-            a, m = layer.self_attn, layer.mlp
-            o, down = a.o_proj, m.down_proj
-            key += [a.q_proj, a.k_proj, a.v_proj, o, m.gate_proj, m.up_proj, down, m.act_fn]
-            key += [getattr(x, name, None) for x in (o, down) for name in ("weight", "bias")]
-            key += [layer.input_layernorm, layer.post_attention_layernorm, k, v]
-            key.append(getattr(a, "q_norm", None))
+            a, m = layer._modules["self_attn"], layer._modules["mlp"]
+            key += layer._modules.values()
+            key += a._modules.values()
+            key += m._modules.values()
+            key += a._modules["o_proj"]._parameters.values()
+            key += m._modules["down_proj"]._parameters.values()
+            key += (k, v)
         return key
 
     def _build(self, kv_caches) -> tuple[torch.Tensor, torch.Tensor, int] | None:
