@@ -453,6 +453,57 @@ def test_a_linear_added_into_a_residual_in_place_gives_the_bits_of_the_add(bf16_
         cpu_kernels.small_gemm_bf16_add_(torch.zeros(300, n + 64), x.float(), packed, None, n + 64)
 
 
+@pytest.mark.parametrize("n,k", [(100, 70), (576, 1536), (64, 576)])
+def test_a_rows_bits_do_not_depend_on_how_the_threads_split_its_step(n, k):
+    """On vdpbf16ps a row's outputs (the linear, the linear added into a stream, silu(gate) *
+    up) are the same bits whether the threads split the step's rows (each its own slices) or
+    its panels, and whether the row shares its step with 1,000 others or 6: a row's tokens do
+    not depend on the batch it rode in."""
+    if not cpu_kernels.gemm_bf16_supported():
+        pytest.skip("no AVX-512 BF16 on this CPU")
+    g = torch.Generator().manual_seed(11)
+    w = (torch.randn(2 * n, k, generator=g) / k**0.5).to(torch.bfloat16)
+    b = torch.randn(2 * n, generator=g)
+    packed, packed_n = (
+        cpu_kernels.pack_gemm_weight_bf16(w),
+        cpu_kernels.pack_gemm_weight_bf16(w[:n]),
+    )
+    x = torch.randn(1001, k + 5, generator=g)[:, :k]  # strided rows, an odd count
+    stream = torch.randn(1001, n, generator=g)
+    ops = {  # each on rows i .. j of x
+        "linear": lambda i, j: cpu_kernels.small_gemm_bf16(x[i:j], packed_n, b[:n], n),
+        "added": lambda i, j: _added(stream[i:j], x[i:j], packed_n, b[:n], n),
+        "silu": lambda i, j: cpu_kernels.small_gemm_bf16_silu(x[i:j], packed, b, n),
+    }
+    if n % 32:  # off the 32-column panels: the fused product declines (tested above)
+        del ops["silu"]
+    amx, split, threads = (
+        cpu_kernels.amx_rows(),
+        cpu_kernels.gemm_split_rows(),
+        torch.get_num_threads(),
+    )
+    try:
+        cpu_kernels.amx_rows(0)
+        torch.set_num_threads(2)
+        for name, op in ops.items():
+            cpu_kernels.gemm_split_rows(1)  # every step split by rows
+            by_rows = op(0, 1001)
+            cpu_kernels.gemm_split_rows(10**6)  # every step split by panels
+            assert torch.equal(op(0, 1001), by_rows), name
+            pieces = torch.cat([op(i, i + 6) for i in range(0, 1001, 6)])
+            assert torch.equal(pieces, by_rows), name
+    finally:
+        cpu_kernels.amx_rows(amx)
+        cpu_kernels.gemm_split_rows(split)
+        torch.set_num_threads(threads)
+
+
+def _added(stream, x, packed, bias, n):
+    y = stream.clone()
+    assert cpu_kernels.small_gemm_bf16_add_(y, x, packed, bias, n)
+    return y
+
+
 @needs_kernels
 @pytest.mark.parametrize("d", [576, 40, 7])
 def test_rms_norm_rounded_to_bfloat16_is_the_float32_norm_rounded(d):

@@ -110,6 +110,8 @@ def load() -> ctypes.CDLL | None:
     lib.decode_layers.argtypes += [ctypes.c_int]
     lib.small_gemm_bf16_amx_rows.restype = _i64
     lib.small_gemm_bf16_amx_rows.argtypes = [_i64]
+    lib.small_gemm_bf16_split_rows.restype = _i64
+    lib.small_gemm_bf16_split_rows.argtypes = [_i64]
     lib.kernel_isa.restype = ctypes.c_char_p
     lib.kernel_isa.argtypes = []
     amx_rows = _env_rows(os.environ.get("JOBRUNNER_AMX_ROWS", ""))
@@ -148,6 +150,14 @@ def amx_rows(rows: int | None = None) -> int:
     if lib is None or not lib.small_gemm_bf16_fast():
         return 0
     return int(lib.small_gemm_bf16_amx_rows(-1 if rows is None else rows))
+
+
+def gemm_split_rows(rows: int | None = None) -> int:
+    """The rows a thread from which a bfloat16 linear on vdpbf16ps splits its rows among the
+    threads rather than its output panels (csrc/small_gemm_bf16.c), after setting it to `rows`
+    when given; 0 where the kernels are not built."""
+    lib = load()
+    return 0 if lib is None else int(lib.small_gemm_bf16_split_rows(-1 if rows is None else rows))
 
 
 def isa() -> str | None:
