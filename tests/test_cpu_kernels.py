@@ -279,6 +279,29 @@ def test_small_gemm_matches_f_linear_at_every_row_block_and_panel_edge(n, k):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k**0.5)
 
 
+@pytest.mark.skipif(not cpu_kernels.gemm_supported(), reason="no vector kernel on this CPU")
+@pytest.mark.parametrize("n,k", [(100, 70), (576, 1536)])
+def test_a_float32_rows_bits_do_not_depend_on_how_the_threads_split_its_step(n, k):
+    """A row's float32 linear is the same bits whether the threads split the step's rows or its
+    panels, and whether it shares its step with 1,000 rows or 6."""
+    g = torch.Generator().manual_seed(12)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    packed = cpu_kernels.pack_gemm_weight(w)
+    x = torch.randn(1001, k + 5, generator=g)[:, :k]  # strided rows, an odd count
+    split, threads = cpu_kernels.gemm_split_rows(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cpu_kernels.gemm_split_rows(1)  # every step split by rows
+        by_rows = cpu_kernels.small_gemm(x, packed, b, n)
+        cpu_kernels.gemm_split_rows(10**6)  # every step split by panels
+        assert torch.equal(cpu_kernels.small_gemm(x, packed, b, n), by_rows)
+        pieces = [cpu_kernels.small_gemm(x[i : i + 6], packed, b, n) for i in range(0, 1001, 6)]
+        assert torch.equal(torch.cat(pieces), by_rows)
+    finally:
+        cpu_kernels.gemm_split_rows(split)
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def bf16_path(amx):
     """Each bfloat16 linear path this CPU has: vdpbf16ps (AMX off), and AMX tiles for steps
