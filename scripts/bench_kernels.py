@@ -6,8 +6,9 @@ At SmolLM2-135M's shapes (hidden 576, 9 query heads on 3 KV heads of 64, MLP 153
            clock measured by a chain of dependent adds), which Zen 4's split 512-bit FMAs halve
   gemm     one step's linears (30 layers' q/k/v, o, gate/up, down on distinct weights, so they
            come from memory as in a real step) for a few row counts: our kernel against oneDNN's
-           prepacked linear and F.linear; GFLOP/s and weight bytes/s, against a torch sum over
-           the same weight bytes (the memory roofline a reduction reaches)
+           prepacked linear and F.linear (and, where the threads split a step's rows, against
+           itself with the panels shared instead); GFLOP/s and weight bytes/s, against a torch
+           sum over the same weight bytes (the memory roofline a reduction reaches)
   decode   decode attention over a float32, a float16 and (AVX-512 BF16) a bfloat16 cache: our
            kernel against the torch path (gather + SDPA); cache bytes/s against a torch sum
            over the same bytes
@@ -284,6 +285,9 @@ def bench_gemm(clock: Clock, rows: list[int]) -> None:
             paths["oneDNN packed"] = partial(_linears, _onednn, xs, weights, onednn)
         if ours is not None:
             paths["kernel"] = partial(_linears, _kernel, xs, weights, ours)
+            if m >= torch.get_num_threads() * cpu_kernels.gemm_split_rows():  # rows split: and not
+                shared = partial(_linears, _kernel, xs, weights, ours)
+                paths["panels shared"] = partial(_with_split_rows, 10**9, shared)
         cells = []
         for name, fn in paths.items():
             s = clock.best(fn)
@@ -322,6 +326,9 @@ def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
             "F.linear bf16": partial(_linears, _f_linear, x16, weights, weights),
             "vdpbf16ps": partial(_with_amx_rows, 0, _linears, _kernel_bf16, x32, weights, ours),
         }
+        if m >= torch.get_num_threads() * cpu_kernels.gemm_split_rows():  # rows split: and not
+            shared = partial(_with_amx_rows, 0, _linears, _kernel_bf16, x32, weights, ours)
+            paths["panels shared"] = partial(_with_split_rows, 10**9, shared)
         if amx:
             paths["AMX"] = partial(_with_amx_rows, 1, _linears, _kernel_bf16, x32, weights, ours)
         cells = []
@@ -342,6 +349,17 @@ def _with_amx_rows(rows: int, fn, *args) -> None:
         fn(*args)
     finally:
         cpu_kernels.amx_rows(before)
+
+
+def _with_split_rows(rows: int, fn) -> None:
+    """fn() with the linear kernels splitting steps by rows from `rows` rows a thread, then as
+    it was (10**9: every step's panels shared among the threads)."""
+    before = cpu_kernels.gemm_split_rows()
+    cpu_kernels.gemm_split_rows(rows)
+    try:
+        fn()
+    finally:
+        cpu_kernels.gemm_split_rows(before)
 
 
 def _kernel_bf16(x, w, p):
