@@ -8,7 +8,8 @@
  * (1/blocks), so weights stream from memory behind all of the arithmetic. When only the first
  * block prefetched, memory sat idle while the others ran: a SmolLM2 step of 52 rows (30
  * distinct layers and the lm_head, 2 cores) took 59 ms against 48.5 now, 16 rows 31 against 28.
- * Threads split the panels. Many rows (a prefill step) run in slices of rows that stay in L2.
+ * Threads split the panels, or a step's rows where it has split_rows rows a thread or more.
+ * Many rows (a prefill step) run in slices of rows that stay in L2.
  *
  * Against oneDNN's prepacked linear (SmolLM2 layer shapes, 30 distinct layers, 2 cores), before
  * the shared prefetch: 52 rows 62 -> 46 ms a step, 16 rows 33 -> 24 ms, 256 rows about even.
