@@ -120,6 +120,11 @@ class Table:
         )
         return tps
 
+    def add_rate(self, workload: str, what: str, tps: float, note: str = "") -> None:
+        """A row of tokens/s made elsewhere (a median of several runs)."""
+        self.rows.append((workload, what, tps, note))
+        print(f"  {workload}  {what:<34} {tps:8.1f} tok/s  {note}", flush=True)
+
     def show(self, baselines: dict[str, float]) -> None:
         print("\nworkload  engine                               tok/s   vs HF static  note")
         for w, what, tps, note in self.rows:
@@ -179,18 +184,22 @@ def bench_mixed(runs: Runs, args, table: Table, baselines: dict[str, float]) -> 
 
 def _rounds(runs: Runs, args, table: Table, w: str, prompts, work, first) -> None:
     """Our paged engine and vLLM-CPU measured args.rounds times in turn, each in a fresh
-    process, the first round being the rows above: the medians of each, and the ratio of each
-    round's pair (a machine whose speed drifts between minutes moves a single pair's ratio)."""
-    ours, theirs = [first[0].seconds], [first[1]["seconds"]]
+    process, the first round being the rows above: each one's median tokens/s, and each
+    round's ratio (a machine whose speed drifts between minutes moves a single pair's ratio).
+    With EOS honoured (a) the two may generate different token counts: rates, not seconds."""
+    ours, theirs = [first[0]], [first[1]]
     vllm = {"prompts": prompts, "max_new": work[0], "ignore_eos": work[1]}
     for _ in range(args.rounds - 1):
-        ours.append(runs.engine("paged", prompts, *work, **args.paged).seconds)
-        theirs.append(run_vllm(runs.loaded, args, vllm)["seconds"])
-    pairs = ", ".join(f"{b / a:.2f}x" for a, b in zip(ours, theirs, strict=True))
+        ours.append(runs.engine("paged", prompts, *work, **args.paged))
+        theirs.append(run_vllm(runs.loaded, args, vllm))
+    ours_tps = [r.tokens / r.seconds for r in ours]
+    theirs_tps = [r["tokens"] / r["seconds"] for r in theirs]
+    pairs = ", ".join(f"{a / b:.2f}x" for a, b in zip(ours_tps, theirs_tps, strict=True))
+    mid_ours, mid_theirs = statistics.median(ours_tps), statistics.median(theirs_tps)
     n = args.rounds
-    table.add(w, f"jobrunner paged, median of {n}", first[0].tokens, statistics.median(ours))
-    note = f"paged vs vLLM by round: {pairs}; of the medians {statistics.median(theirs) / statistics.median(ours):.2f}x"
-    table.add(w, f"vLLM-CPU, median of {n}", first[1]["tokens"], statistics.median(theirs), note)
+    table.add_rate(w, f"jobrunner paged, median of {n}", mid_ours)
+    note = f"paged vs vLLM by round: {pairs}; of the medians {mid_ours / mid_theirs:.2f}x"
+    table.add_rate(w, f"vLLM-CPU, median of {n}", mid_theirs, note)
 
 
 def bench_shared(runs: Runs, args, table: Table) -> None:
