@@ -110,8 +110,6 @@ def load() -> ctypes.CDLL | None:
     lib.decode_layers.argtypes += [ctypes.c_int]
     lib.small_gemm_bf16_amx_rows.restype = _i64
     lib.small_gemm_bf16_amx_rows.argtypes = [_i64]
-    lib.small_gemm_bf16_split_rows.restype = _i64
-    lib.small_gemm_bf16_split_rows.argtypes = [_i64]
     lib.small_gemm_split_rows.restype = _i64
     lib.small_gemm_split_rows.argtypes = [_i64]
     lib.kernel_isa.restype = ctypes.c_char_p
@@ -156,15 +154,10 @@ def amx_rows(rows: int | None = None) -> int:
 
 def gemm_split_rows(rows: int | None = None) -> int:
     """The rows a thread from which the linear kernels (float32, and bfloat16 on vdpbf16ps)
-    split a step's rows among the threads rather than its output panels (csrc/small_gemm.c,
-    csrc/small_gemm_bf16.c), after setting it to `rows` when given; 0 where they are not
-    built."""
+    split a step's rows among the threads rather than its output panels (csrc/small_gemm.c),
+    after setting it to `rows` when given; 0 where they are not built."""
     lib = load()
-    if lib is None:
-        return 0
-    if rows is not None:
-        lib.small_gemm_split_rows(rows)
-    return int(lib.small_gemm_bf16_split_rows(-1 if rows is None else rows))
+    return 0 if lib is None else int(lib.small_gemm_split_rows(-1 if rows is None else rows))
 
 
 def isa() -> str | None:

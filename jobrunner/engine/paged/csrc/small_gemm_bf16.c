@@ -53,18 +53,9 @@ int64_t small_gemm_bf16_amx_rows(int64_t rows) {
     return amx_ready() ? amx_rows : 0;
 }
 
-/* Rows a thread from which a step splits its rows among the threads rather than its panels:
- * at fewer, W's bytes outweigh the rows' and each thread reading all of W costs more than the
- * shared pairs (Zen 4, 2 threads, medians, panels shared against rows split: 64 rows of one
- * layer's weights 76.5% against 64.0% of peak, 128 rows 85.8 against 79.9, of 30 layers'
- * 83.8 against 83.0; 256 rows of 30 layers' 74.4 against 84.4). cpu_kernels.py may set it. */
-static int64_t split_rows = 128;
-
-/* The rows a thread from which a step splits rows, after setting it to `rows` when rows >= 0. */
-int64_t small_gemm_bf16_split_rows(int64_t rows) {
-    if (rows >= 0) split_rows = rows;
-    return split_rows;
-}
+/* The rows a thread from which a step splits its rows among the threads (small_gemm.c keeps
+ * the one threshold both kernels take). */
+int64_t small_gemm_split_rows(int64_t rows);
 
 static int takes_amx(int64_t M, int64_t K) {
     return amx_rows > 0 && M >= amx_rows && K % 32 == 0 && amx_ready();
@@ -349,6 +340,14 @@ static void slice_pairs(const struct gemm_args *a, uint32_t *pairs, int64_t m0, 
              pairs + r0 * a->K2, r1 - r0, a->K, a->K2);
 }
 
+/* The panels a call runs (gate/up pairs of them in SILU) and the most rows of its blocks. */
+static inline int64_t panels_of(const struct gemm_args *a) {
+    return a->mode == SILU ? a->N / 2 / NR : (a->N + NR - 1) / NR;
+}
+static inline int64_t block_rows(const struct gemm_args *a) {
+    return a->mode == SILU ? MR_SILU : MR;
+}
+
 /* Panel p (a gate/up pair of them in SILU) against the slice of `rows` rows at m0. */
 static void slice_panel(const struct gemm_args *a, const uint32_t *pairs, int64_t m0,
                         int64_t rows, int64_t p) {
@@ -368,8 +367,7 @@ static void slice_panel(const struct gemm_args *a, const uint32_t *pairs, int64_
  * layers: 83.9 -> 88.8%; at 256 rows 74.4 -> 84.4%. */
 static void gemm_row_split(const struct gemm_args *a, uint32_t *pairs, int64_t mc, int64_t M,
                            int threads) {
-    const int64_t panels = a->mode == SILU ? a->N / 2 / NR : (a->N + NR - 1) / NR;
-    const int64_t mr = a->mode == SILU ? MR_SILU : MR, units = (M + mr - 1) / mr;
+    const int64_t panels = panels_of(a), mr = block_rows(a), units = (M + mr - 1) / mr;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int t = 0; t < threads; t++) {
         uint32_t *own = pairs + t * mc * a->K2;
@@ -386,8 +384,7 @@ static void gemm_row_split(const struct gemm_args *a, uint32_t *pairs, int64_t m
  * for few rows, where W's bytes outweigh the rows' and each thread reads only its panels. */
 static void gemm_panel_split(const struct gemm_args *a, uint32_t *pairs, int64_t mc, int64_t M,
                              int threads) {
-    const int64_t panels = a->mode == SILU ? a->N / 2 / NR : (a->N + NR - 1) / NR;
-    const int64_t mr = a->mode == SILU ? MR_SILU : MR;
+    const int64_t panels = panels_of(a), mr = block_rows(a);
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc, blocks = (rows + mr - 1) / mr;
@@ -401,10 +398,10 @@ static void gemm_panel_split(const struct gemm_args *a, uint32_t *pairs, int64_t
 /* A slice of rows at a time whose pairs (MC_BYTES, at least 8 row blocks) stay in L2 while
  * every panel passes over them; each slice streams all of W again, so slices as large as L2
  * allows (Zen 4, 1 MB L2, 2 threads, SmolLM2's linears at 4,096 rows: 128 KB slices 70-71% of
- * peak, 512 KB 80-81%; equal at 64-1,024 rows). Steps of split_rows rows a thread or more
- * give each thread its own rows and slices (gemm_row_split); fewer share each slice's panels
- * (gemm_panel_split). The threads' split changes no bit: each row's sums run over k in order
- * whichever thread makes them. x: float32 rows, or bfloat16 (x_bf16); y:
+ * peak, 512 KB 80-81%; equal at 64-1,024 rows). Steps of small_gemm_split_rows() rows a
+ * thread or more give each thread its own rows and slices (gemm_row_split); fewer share each
+ * slice's panels (gemm_panel_split). The threads' split changes no bit: each row's sums run
+ * over k in order whichever thread makes them. x: float32 rows, or bfloat16 (x_bf16); y:
  * float32 (M x N, row stride ldy) written (STORE) or added to (ADD), or bfloat16 silu(gate) *
  * up (SILU; M x N/2). Returns nonzero when the scratch cannot be allocated. */
 #define MC_BYTES (512 * 1024)
@@ -415,7 +412,7 @@ static int gemm_bf16(const void *x, int64_t ldx, int x_bf16, const uint16_t *w,
                                 w, bias, y};
     const int64_t K2 = a.K2 > 0 ? a.K2 : 1;
     if (threads < 1) threads = 1;
-    const int split = threads > 1 && M >= split_rows * threads;
+    const int split = threads > 1 && M >= small_gemm_split_rows(-1) * threads;
     int64_t mc = MC_BYTES / 4 / K2;
     mc = mc < 8 * MR ? 8 * MR : mc - mc % MR;
     if (mc > M) mc = M > 0 ? M : 1;
