@@ -6,12 +6,15 @@
  *
  * Per layer, h (T, H) float32, updated in place:
  *   x = rms_norm(h) as bfloat16 rows; qkv = x Wqkv^T + b; q and k rotated, K and V written to
- *   their slots; attention of q over the cache; h += att Wo^T + b;
+ *   their slots; attention of q, read in place from the qkv rows, over the cache;
+ *   h += att Wo^T + b;
  *   x = rms_norm(h) as bfloat16 rows; g = silu(x Wg^T) * (x Wu^T) as bfloat16; h += g Wd^T + b.
+ * Every step of that runs on all the threads: a serial copy of q and a rotation on one thread
+ * (rope_kv_write took 64 rows or fewer alone) left the second thread waiting 100-150 us a layer
+ * in (b)'s 64-row steps (`perf` at 20 kHz), about 4 ms of a 62 ms step.
  */
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "layer_kernels.h"
 
@@ -27,7 +30,7 @@ static int gemm_rc(int rc) { return rc == 0 ? DONE : rc == 3 ? DECLINED : NO_MEM
 /* What every layer of the step shares: its rows' shapes and scratch, and where they attend. */
 typedef struct {
     int64_t T, H, nh, nkv, hd, n;
-    float *qkv, *q, *att; /* (T, (nh + 2 nkv) hd), (T, nh hd), (T, nh hd) */
+    float *qkv, *att; /* (T, (nh + 2 nkv) hd), (T, nh hd) */
     uint16_t *x, *gated;  /* (T, H), (T, n) bfloat16 */
     const float *cos, *sin;
     const int64_t *positions, *slots, *tables, *ctx_lens;
@@ -48,9 +51,9 @@ static int attention(const int64_t *l, float eps, float *h, const Step *s) {
     if (rope_kv_write(s->qkv, T, row, s->nh, s->nkv, s->hd, s->cos, s->sin, s->positions, k, v,
                       s->cache_dtype, s->slots, s->num_blocks * s->bs, s->threads))
         return DECLINED;
-    for (int64_t t = 0; t < T; t++) memcpy(s->q + t * qd, s->qkv + t * row, qd * sizeof(float));
-    if (paged_decode(s->q, k, v, 0, 0, s->cache_dtype, s->tables, s->table_stride, s->ctx_lens,
-                     T, s->nh, s->nkv, s->hd, s->num_blocks, s->bs, s->scale, s->att, s->threads))
+    if (paged_decode_ld(s->qkv, row, k, v, 0, 0, s->cache_dtype, s->tables, s->table_stride,
+                        s->ctx_lens, T, s->nh, s->nkv, s->hd, s->num_blocks, s->bs, s->scale,
+                        s->att, s->threads))
         return NO_MEMORY;
     return gemm_rc(small_gemm_bf16_add(s->att, qd, 0, PTR(uint16_t, l, O), PTR(float, l, O_BIAS),
                                        h, H, T, H, qd, s->threads));
@@ -77,11 +80,11 @@ int decode_layers(const int64_t *layers, const float *eps, int64_t L, float *h, 
                   int64_t table_stride, const int64_t *ctx_lens, int64_t num_blocks, int64_t bs,
                   float scale, int threads) {
     const int64_t qd = nh * hd, row = qd + 2 * nkv * hd;
-    float *f = malloc(sizeof(float) * (size_t)(T * (row + 2 * qd)));
+    float *f = malloc(sizeof(float) * (size_t)(T * (row + qd)));
     uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(T * (H + n)));
     int rc = f && b ? DONE : NO_MEMORY;
     if (rc == DONE) {
-        const Step s = {T, H, nh, nkv, hd, n, f, f + T * row, f + T * (row + qd), b, b + T * H,
+        const Step s = {T, H, nh, nkv, hd, n, f, f + T * row, b, b + T * H,
                         cos_table, sin_table, positions, slots, tables, ctx_lens, table_stride,
                         num_blocks, bs, scale, cache_dtype, threads};
         for (int64_t i = 0; i < L && rc == DONE; i++) {

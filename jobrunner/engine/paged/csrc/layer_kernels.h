@@ -19,8 +19,8 @@ int rope_kv_write(float *qkv, int64_t T, int64_t row, int64_t nh, int64_t nkv, i
                   const float *cos_table, const float *sin_table, const int64_t *positions,
                   void *k_cache, void *v_cache, int dtype, const int64_t *slots,
                   int64_t slots_per_head, int threads);
-int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k_scale,
-                 const uint16_t *v_scale, int dtype, const int64_t *tables,
-                 int64_t table_stride, const int64_t *ctx_lens, int64_t b, int64_t nh,
-                 int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs, float scale,
-                 float *out, int threads);
+int paged_decode_ld(const float *q, int64_t ldq, const void *k, const void *v,
+                    const uint16_t *k_scale, const uint16_t *v_scale, int dtype,
+                    const int64_t *tables, int64_t table_stride, const int64_t *ctx_lens,
+                    int64_t b, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks,
+                    int64_t bs, float scale, float *out, int threads);

@@ -28,7 +28,8 @@
 #include "vexp.h"
 
 typedef struct {
-    const float *q;         /* (b, nh, hd) */
+    const float *q;         /* (b, nh, hd), row stride ldq floats */
+    int64_t ldq;
     const void *k, *v;      /* (nkv, num_blocks, bs, hd) */
     const uint16_t *k_scale, *v_scale; /* (nkv, num_blocks, bs) float16 for I8 / FP8, else NULL */
     int dtype;
@@ -278,7 +279,7 @@ static inline __attribute__((always_inline)) void item_avx512(const Job *J, int6
                                                               const int BF) {
     const int CB = G * C <= 24 ? C : G * 4 <= 24 ? 4 : G * 2 <= 24 ? 2 : 1;
     const int64_t hd = 16 * C, L = J->ctx_lens[r], bs = J->bs;
-    const float *q = J->q + (r * J->nh + h * G) * hd;
+    const float *q = J->q + r * J->ldq + h * G * hd;
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * bs * hd;
@@ -538,7 +539,7 @@ static inline __attribute__((always_inline)) void item_avx2(const Job *J, int64_
     const int CB = CB_AVX2(G, C);
     const int64_t hd = 8 * C, L = J->ctx_lens[r], bs = J->bs;
     const int dtype = J->dtype;
-    const float *q = J->q + (r * J->nh + h * G) * hd;
+    const float *q = J->q + r * J->ldq + h * G * hd;
     float *o = J->out + (r * J->nh + h * G) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * bs * hd;
@@ -641,7 +642,7 @@ static void one_item(const Job *J, int64_t item, int64_t after, int fetched, flo
     if (item_fast(J, item / J->nkv, item % J->nkv, after, fetched)) return;
     const int64_t r = item / J->nkv, h = item % J->nkv;
     const int64_t g = J->nh / J->nkv, hd = J->hd, L = J->ctx_lens[r];
-    const float *q = J->q + (r * J->nh + h * g) * hd;   /* g query heads, contiguous */
+    const float *q = J->q + r * J->ldq + h * g * hd; /* g query heads, contiguous */
     float *o = J->out + (r * J->nh + h * g) * hd;
     const int64_t *table = J->tables + r * J->table_stride;
     const int64_t head_base = h * J->num_blocks * J->bs * hd;
@@ -675,16 +676,18 @@ static inline int64_t claim(int64_t *counter) {
 }
 
 /* Returns 0 on success. Parallel over (row, kv head) pairs with OpenMP: loaded after torch, the
- * library binds to torch's own libgomp (same soname), so it shares torch's thread pool. */
-int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k_scale,
-                 const uint16_t *v_scale, int dtype, const int64_t *tables,
-                 int64_t table_stride, const int64_t *ctx_lens, int64_t b, int64_t nh,
-                 int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs, float scale,
-                 float *out, int threads) {
+ * library binds to torch's own libgomp (same soname), so it shares torch's thread pool. q: (b,
+ * nh, hd) with row stride ldq floats (decode_layers.c reads the queries in place from a step's
+ * fused q/k/v rows). */
+int paged_decode_ld(const float *q, int64_t ldq, const void *k, const void *v,
+                    const uint16_t *k_scale, const uint16_t *v_scale, int dtype,
+                    const int64_t *tables, int64_t table_stride, const int64_t *ctx_lens,
+                    int64_t b, int64_t nh, int64_t nkv, int64_t hd, int64_t num_blocks,
+                    int64_t bs, float scale, float *out, int threads) {
     int64_t max_ctx = 1;
     for (int64_t r = 0; r < b; r++) max_ctx = ctx_lens[r] > max_ctx ? ctx_lens[r] : max_ctx;
-    const Job J = {q, k, v, k_scale, v_scale, dtype, tables, table_stride, ctx_lens, b, nh, nkv,
-                   hd, num_blocks, bs, max_ctx, scale, out};
+    const Job J = {q, ldq, k, v, k_scale, v_scale, dtype, tables, table_stride, ctx_lens, b, nh,
+                   nkv, hd, num_blocks, bs, max_ctx, scale, out};
     const int64_t g = nh / nkv, items = b * nkv;
     int failed = 0;
     int64_t counter = 0;
@@ -704,4 +707,14 @@ int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k
         free(scores);
     }
     return failed;
+}
+
+/* paged_decode_ld() with contiguous queries, (b, nh, hd). */
+int paged_decode(const float *q, const void *k, const void *v, const uint16_t *k_scale,
+                 const uint16_t *v_scale, int dtype, const int64_t *tables,
+                 int64_t table_stride, const int64_t *ctx_lens, int64_t b, int64_t nh,
+                 int64_t nkv, int64_t hd, int64_t num_blocks, int64_t bs, float scale,
+                 float *out, int threads) {
+    return paged_decode_ld(q, nh * hd, k, v, k_scale, v_scale, dtype, tables, table_stride,
+                           ctx_lens, b, nh, nkv, hd, num_blocks, bs, scale, out, threads);
 }

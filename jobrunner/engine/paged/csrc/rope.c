@@ -66,7 +66,9 @@ int rope_kv_write(float *qkv, int64_t T, int64_t row, int64_t nh, int64_t nkv, i
                   void *k_cache, void *v_cache, int dtype, const int64_t *slots,
                   int64_t slots_per_head, int threads) {
     if (dtype != F32 && dtype != BF16) return 2;
-#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static) if (T > 64)
+    /* a decode step's rows too (decode_layers.c): this pass and a copy of q on one thread took
+     * 100-150 us of each layer of a 64-row step while the other thread waited */
+#pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static) if (T >= 16)
     for (int64_t t = 0; t < T; t++) {
         float *x = qkv + t * row;
         const float *c = cos_table + positions[t] * hd, *s = sin_table + positions[t] * hd;
