@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stepkit import several_steps, swap_reaches_native_steps, tokens_and_logprobs
 
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.paged import cpu_kernels
@@ -145,9 +146,9 @@ def test_rows_rounded_where_made_and_residuals_added_in_the_linears_keep_every_b
 
     def run(rounds: bool):
         fused[0] = rounds
-        engine = PagedEngine(models[1], _several_steps())
+        engine = PagedEngine(models[1], several_steps())
         engine.model.rounds_rows = rounds and engine.model.rounds_rows
-        return _tokens_and_logprobs(engine, prompts)
+        return tokens_and_logprobs(engine, prompts)
 
     assert run(True) == run(False)
     # the norm's rounded rows reach q/k/v's linear (gate/up and down take theirs in the fused
@@ -173,9 +174,9 @@ def test_rope_and_kv_write_in_one_pass_keep_every_bit(models, prompts, monkeypat
     runs = []
     for on in (True, False):
         one_pass[0] = on
-        engine = PagedEngine(models[1], _several_steps())
+        engine = PagedEngine(models[1], several_steps())
         engine.model.native = None  # every step layer by layer, through the spy
-        runs.append(_tokens_and_logprobs(engine, prompts))
+        runs.append(tokens_and_logprobs(engine, prompts))
     assert runs[0] == runs[1]
     assert True in calls and False in calls
 
@@ -191,10 +192,10 @@ def test_decode_steps_in_one_native_call_keep_every_bit(models, prompts, amx, mo
     monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
     runs = []
     for native in (True, False):
-        engine = PagedEngine(models[1], _several_steps())
+        engine = PagedEngine(models[1], several_steps())
         if not native:
             engine.model.native = None
-        runs.append(_tokens_and_logprobs(engine, prompts))
+        runs.append(tokens_and_logprobs(engine, prompts))
     assert runs[0] == runs[1]
     assert True in took and False in took
 
@@ -209,33 +210,17 @@ def test_a_module_swapped_between_steps_is_what_the_next_native_step_runs(models
 
     attn = models[1].model.model.layers[2].self_attn
     before = attn.o_proj
-    cfg = _several_steps()
+    cfg = several_steps()
     cfg.engine.prefix_caching = False  # no K/V the first o_proj made is read after the swap
     engine = PagedEngine(models[1], cfg)
-    original = _tokens_and_logprobs(engine, prompts)  # the table built from the first o_proj
     swapped = nn.Linear(before.in_features, before.out_features, bias=False)
     swapped.weight = nn.Parameter(before.weight.detach().flip(0).clone(), requires_grad=False)
-    try:
+
+    def swap():
         attn.o_proj = swapped
-        native = _tokens_and_logprobs(engine, prompts)
-        engine.model.native = None
-        assert native == _tokens_and_logprobs(engine, prompts)
-        assert native != original  # the swap changed what the steps compute
-    finally:
-        attn.o_proj = before
+        return lambda: setattr(attn, "o_proj", before)
 
-
-def _several_steps() -> JobConfig:
-    cfg = JobConfig()
-    cfg.engine.kv_cache_bytes = 64 << 20
-    cfg.engine.max_batch_tokens = 96  # the longer prompts span steps
-    return cfg
-
-
-def _tokens_and_logprobs(engine, prompts) -> dict:
-    params = SamplingParams(max_new_tokens=6, logprobs=True, top_logprobs=3)
-    reqs = [Request(str(i), ids, params) for i, ids in enumerate(prompts)]
-    return {r.id: (r.token_ids, r.choices[0].logprobs) for r in engine.generate(reqs)}
+    swap_reaches_native_steps(engine, prompts, swap)
 
 
 def test_a_model_that_keeps_bfloat16_activations_runs_no_float32_accumulating_kernel(
@@ -305,9 +290,9 @@ def test_biased_projections_take_the_native_decode_call_to_the_bit(models, promp
     loaded = replace(models[1], model=qwen)
     runs = []
     for native in (True, False):
-        engine = PagedEngine(loaded, _several_steps())
+        engine = PagedEngine(loaded, several_steps())
         assert engine.model.native is not None and engine.model.qkv[0][2] is not None
         if not native:
             engine.model.native = None
-        runs.append(_tokens_and_logprobs(engine, prompts))
+        runs.append(tokens_and_logprobs(engine, prompts))
     assert runs[0] == runs[1] and True in took

@@ -107,7 +107,7 @@ def load() -> ctypes.CDLL | None:
     lib.decode_layers.restype = ctypes.c_int
     lib.decode_layers.argtypes = [_ptr, _ptr, _i64, _ptr] + [_i64] * 6 + [_ptr] * 4
     lib.decode_layers.argtypes += [ctypes.c_int, _ptr, _i64, _ptr, _i64, _i64, ctypes.c_float]
-    lib.decode_layers.argtypes += [ctypes.c_int]
+    lib.decode_layers.argtypes += [ctypes.c_int] * 2
     lib.small_gemm_bf16_amx_rows.restype = _i64
     lib.small_gemm_bf16_amx_rows.argtypes = [_i64]
     lib.small_gemm_split_rows.restype = _i64
@@ -556,9 +556,11 @@ def decode_layers(
     block_tables: torch.Tensor,  # (T, nb)
     context_lens: torch.Tensor,  # (T,)
     scale: float,
+    float_weights: bool = False,  # the table's linears packed by pack_gemm_weight (float32)
 ) -> None:
     """Every decoder layer of a decode step, h updated in place (native_layers.NativeLayers):
-    the kernels the Python forward calls layer by layer, in one call."""
+    the kernels the Python forward calls layer by layer, in one call. The table's linears are
+    bfloat16 packed by pack_gemm_weight_bf16, or float32 (`float_weights`)."""
     nh, nkv, hd, n = heads
     cos, sin, positions = rope
     pos, slots = positions.to(torch.int64).contiguous(), slots.to(torch.int64).contiguous()
@@ -569,7 +571,7 @@ def decode_layers(
         table.data_ptr(), eps.data_ptr(), table.shape[0], h.data_ptr(), t, d, nh, nkv, hd, n,
         cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), slots.data_ptr(), DTYPES[cache.dtype],
         tables.data_ptr(), tables.shape[1], lens.data_ptr(), num_blocks, bs, scale,
-        torch.get_num_threads(),
+        torch.get_num_threads(), int(float_weights),
     )  # fmt: skip
     if rc == 1:
         raise MemoryError("decode_layers: out of memory for the step's rows")

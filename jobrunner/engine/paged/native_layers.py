@@ -1,13 +1,15 @@
 """A decode step's decoder layers in one native call (csrc/decode_layers.c).
 
-From Python a decoder layer of a decode step is eight kernel calls (model.PagedCausalLM), each
-converting its arguments and allocating its output while the other threads wait: at 64 rows on
-Zen 4 about a tenth of the step. Where the model and the step are what those kernels take in
-the mixed mode (a bfloat16 model with float32 activations on AVX-512 BF16: every projection a
-plain, still-fused bfloat16 Linear, RMSNorms, a SiLU-gated MLP whose intermediate size is a
-multiple of 32, no q/k norm; a step of decode rows only, in the kernel's one group, over a
-float32 or bfloat16 cache), `NativeLayers` runs every layer in one call: the same kernels in
-the same order on the same rows, so the same bits. Anything else takes the Python loop.
+From Python a decoder layer of a decode step is eight kernel calls or more
+(model.PagedCausalLM), each converting its arguments and allocating its output while the other
+threads wait: at 64 rows on Zen 4 about a tenth of the step. Where the model and the step are
+what those kernels take, `NativeLayers` runs every layer in one call: the same kernels in the
+same order on the same rows, so the same bits. The model: a bfloat16 one with float32
+activations on AVX-512 BF16 (the mixed mode), or a float32 one on our float32 linears
+(AVX-512, AVX2 or NEON: csrc/small_gemm.c); either way every projection a plain, still-fused
+Linear of the model's dtype, RMSNorms, a SiLU-gated MLP (in the mixed mode its intermediate
+size a multiple of 32), no q/k norm. The step: decode rows only, in the kernel's one group,
+over a float32 or bfloat16 cache. Anything else takes the Python loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 from jobrunner.engine.paged import cpu_kernels
 from jobrunner.engine.paged.attention import AttentionMetadata, DecodeGroup
 from jobrunner.engine.paged.layer_parts import RMS_NORMS, SILUS, is_current
+from jobrunner.engine.paged.small_linear import SmallRowLinear
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # what rope.c's K/V write stores
 
@@ -32,20 +35,32 @@ class NativeLayers:
 
     def __init__(self, model: Any) -> None:
         self.model = model  # the PagedCausalLM
+        self.float_weights = not model.rounds_rows  # float32 linears (else the mixed mode)
         self.key: list[object] | None = None  # what the table was built from
         self.table: tuple[torch.Tensor, torch.Tensor, int] | None = None  # addresses, eps, n
         self.tensors: list[torch.Tensor | None] = []  # what the addresses point into
 
     @staticmethod
     def usable(model: Any) -> bool:
-        """Whether the model runs in the mode the kernels take at all."""
-        return model.rounds_rows and model.rope_kernel and cpu_kernels.gemm_bf16_supported()
+        """Whether the model runs in a mode the kernels take at all: the mixed mode, or float32
+        weights and rows on our float32 linears."""
+        if not model.rope_kernel:
+            return False
+        if model.rounds_rows:
+            return cpu_kernels.gemm_bf16_supported()
+        rows = model.small_rows
+        return (
+            model.dtype == torch.float32
+            and model.act_dtype == torch.float32
+            and isinstance(rows, SmallRowLinear)
+            and rows.native
+        )
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches):
         """h (T, H) float32 through every decoder layer, in place, the new K/V in the caches;
         False, and nothing done, where the step or the model is not one the kernels take."""
         group = _decode_group(meta, h.shape[0], self.model.mlp_tile)
-        if group is None or not self.model.rounds_rows:
+        if group is None or self.model.rounds_rows == self.float_weights:  # not the mode built
             return False
         table = self._table(kv_caches)
         if table is None:
@@ -54,7 +69,7 @@ class NativeLayers:
         cpu_kernels.decode_layers(
             addresses, eps, h, (m.num_heads, m.num_kv_heads, m.head_dim, n),
             (m.cos, m.sin, positions), meta.slot_mapping, kv_caches[0][0], group.block_tables,
-            group.context_lens, m.scale,
+            group.context_lens, m.scale, self.float_weights,
         )  # fmt: skip
         return True
 
@@ -79,6 +94,8 @@ class NativeLayers:
             key += m._modules.values()
             key += a._modules["o_proj"]._parameters.values()
             key += m._modules["down_proj"]._parameters.values()
+            key += layer._modules["input_layernorm"]._parameters.values()  # read in place for
+            key += layer._modules["post_attention_layernorm"]._parameters.values()  # float32
             key += (k, v)
         return key
 
@@ -127,23 +144,24 @@ class NativeLayers:
         return tensors, (norms[0][1], norms[1][1]), gate_up[3][0]
 
     def _shapes_fit(self, qkv, o, gate_up, down) -> bool:
-        """bfloat16 weights of the shapes the kernels assume: q/k/v from the hidden size to the
-        heads, o back, gate/up to twice an intermediate size that is a multiple of 32, down
-        back."""
+        """Weights of the mode's dtype and of the shapes the kernels assume: q/k/v from the
+        hidden size to the heads, o back, gate/up to twice an intermediate size (in the mixed
+        mode a multiple of 32: small_gemm_bf16_silu's panels), down back."""
         m = self.model
         hidden, heads = m.hf.config.hidden_size, m.num_heads * m.head_dim
         n = gate_up.shape[0] // 2
         shapes = [(heads + 2 * m.num_kv_heads * m.head_dim, hidden), (hidden, heads)]
         shapes += [(2 * n, hidden), (hidden, n)]
         weights = (qkv, o, gate_up, down)
-        if any(w.dtype != torch.bfloat16 for w in weights) or n % 32:
+        dtype = torch.float32 if self.float_weights else torch.bfloat16
+        if any(w.dtype != dtype for w in weights) or (n % 32 and not self.float_weights):
             return False
         return all(tuple(w.shape) == shape for w, shape in zip(weights, shapes, strict=True))
 
     def _norm(self, module: nn.Module) -> tuple[torch.Tensor, float] | None:
         """An RMSNorm's float32 weight and epsilon, as model.rms_norm runs it in one pass."""
         eps = getattr(module, "variance_epsilon", None)
-        weight = self.model.norm_weights.get(module)
+        weight = self.model.norm_weights.get(module, getattr(module, "weight", None))
         if eps is None or weight is None or type(module).__name__ not in RMS_NORMS:
             return None
         hidden = self.model.hf.config.hidden_size

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "isa.h"
+#include "layer_kernels.h"
 
 #if defined(JR_AVX2)
 #define NR 16 /* output columns per panel */
