@@ -39,6 +39,7 @@ class NativeLayers:
         self.key: list[object] | None = None  # what the table was built from
         self.table: tuple[torch.Tensor, torch.Tensor, int] | None = None  # addresses, eps, n
         self.tensors: list[torch.Tensor | None] = []  # what the addresses point into
+        self.in_place: list[tuple[torch.Tensor, int]] = []  # parameters read where they are
 
     @staticmethod
     def usable(model: Any) -> bool:
@@ -76,16 +77,20 @@ class NativeLayers:
     def _table(self, kv_caches) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         key = self._key(kv_caches)
         same = self.key is not None and len(key) == len(self.key)
-        if not (same and all(map(operator.is_, key, self.key))):
+        same = same and all(map(operator.is_, key, self.key))
+        # a parameter whose storage was replaced (`p.data = t`) is the same object elsewhere
+        if not (same and all(t.data_ptr() == at for t, at in self.in_place)):
             self.key, self.table = key, self._build(kv_caches)
         return self.table
 
     def _key(self, kv_caches) -> list[object]:
         """Every object the table's addresses come from, or that decides whether it is taken:
         each layer's submodules (norms, attention, MLP), theirs (projections, q/k norms, the
-        activation), o_proj's and down's parameters, and the caches. Read from the modules'
-        registries (`_modules`, `_parameters`, where nn.Module keeps what is assigned to it)
-        rather than attribute by attribute: this runs every decode step (SmolLM2: 412 -> 35 us)."""
+        activation), o_proj's, down's and the norms' parameters, and the caches. Read from the
+        modules' registries (`_modules`, `_parameters`, where nn.Module keeps what is assigned
+        to it) rather than attribute by attribute: this runs every decode step (SmolLM2: 412 ->
+        35 us). The parameters the kernels read in place (a float32 model's norm weights and
+        biases) are checked by address as well (`in_place`): new storage under the same one."""
         key: list[object] = []
         for layer, (k, v) in zip(self.model.layers, kv_caches, strict=True):
             a, m = layer._modules["self_attn"], layer._modules["mlp"]
@@ -94,19 +99,20 @@ class NativeLayers:
             key += m._modules.values()
             key += a._modules["o_proj"]._parameters.values()
             key += m._modules["down_proj"]._parameters.values()
-            key += layer._modules["input_layernorm"]._parameters.values()  # read in place for
-            key += layer._modules["post_attention_layernorm"]._parameters.values()  # float32
+            key += layer._modules["input_layernorm"]._parameters.values()  # float32: read in
+            key += layer._modules["post_attention_layernorm"]._parameters.values()  # place
             key += (k, v)
         return key
 
     def _build(self, kv_caches) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-        rows, eps, sizes, self.tensors = [], [], set(), []
+        rows, eps, sizes, self.tensors, self.in_place = [], [], set(), [], []
         for i, (layer, (k, v)) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             got = self._layer(i, layer, k, v, kv_caches[0][0])
             if got is None:
                 return None
             tensors, norm_eps, n = got
             self.tensors += tensors
+            self.in_place += [(t, t.data_ptr()) for t in tensors if isinstance(t, nn.Parameter)]
             rows.append([0 if t is None else t.data_ptr() for t in tensors])
             eps.append(norm_eps)
             sizes.add(n)

@@ -128,9 +128,9 @@ int decode_layers(const int64_t *layers, const float *eps, int64_t L, float *h, 
     uint16_t *b = f32 ? 0 : malloc(sizeof(uint16_t) * (size_t)(T * (H + n)));
     int rc = f && (f32 || b) ? DONE : NO_MEMORY;
     if (rc == DONE) {
-        float *xf = f + T * (row + qd), *y = xf + T * H, *gu = y + T * H, *g = gu + 2 * T * n;
-        const Step s = {T, H, nh, nkv, hd, n, f, f + T * row, b, b ? b + T * H : 0,
-                        f32 ? xf : 0, f32 ? y : 0, f32 ? gu : 0, f32 ? g : 0,
+        float *xf = f32 ? f + T * (row + qd) : 0; /* float32 weights' scratch, after att */
+        float *y = f32 ? xf + T * H : 0, *gu = f32 ? y + T * H : 0, *g = f32 ? gu + 2 * T * n : 0;
+        const Step s = {T, H, nh, nkv, hd, n, f, f + T * row, b, b ? b + T * H : 0, xf, y, gu, g,
                         cos_table, sin_table, positions, slots, tables, ctx_lens, table_stride,
                         num_blocks, bs, scale, cache_dtype, threads, f32};
         for (int64_t i = 0; i < L && rc == DONE; i++) {
