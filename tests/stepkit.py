@@ -1,6 +1,6 @@
 """What the native-call tests share (test_bf16_cpu.py, test_decode_layers.py): a config whose
 longer prompts span several steps, each row's tokens and log-probabilities from an engine, and
-a model changed between steps reaching the native call."""
+a model changed between steps reaching the native call, and a record of the native calls."""
 
 from __future__ import annotations
 
@@ -36,3 +36,13 @@ def swap_reaches_native_steps(engine, prompts, swap: Callable[[], Callable[[], N
         assert native != original
     finally:
         undo()
+
+
+def native_calls(monkeypatch) -> list[bool]:
+    """What each NativeLayers.run returns from now on: True where a step ran in the native
+    call, False where it declined and the layer loop ran."""
+    from jobrunner.engine.paged.native_layers import NativeLayers
+
+    took, real = [], NativeLayers.run
+    monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
+    return took

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stepkit import several_steps, swap_reaches_native_steps, tokens_and_logprobs
+from stepkit import native_calls, several_steps, swap_reaches_native_steps, tokens_and_logprobs
 
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.paged import cpu_kernels
@@ -186,10 +186,8 @@ def test_decode_steps_in_one_native_call_keep_every_bit(models, prompts, amx, mo
     and log-probability is the same to the bit as layer by layer from Python, over prompts of
     one step and of several; prefill steps keep the Python loop."""
     from jobrunner.engine.paged import PagedEngine
-    from jobrunner.engine.paged.native_layers import NativeLayers
 
-    took, real = [], NativeLayers.run
-    monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
+    took = native_calls(monkeypatch)
     runs = []
     for native in (True, False):
         engine = PagedEngine(models[1], several_steps())
@@ -276,10 +274,8 @@ def test_biased_projections_take_the_native_decode_call_to_the_bit(models, promp
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from jobrunner.engine.paged import PagedEngine
-    from jobrunner.engine.paged.native_layers import NativeLayers
 
-    took, real = [], NativeLayers.run
-    monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
+    took = native_calls(monkeypatch)
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=models[1].model.config.vocab_size, hidden_size=128, intermediate_size=256,

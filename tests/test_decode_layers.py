@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from stepkit import several_steps, swap_reaches_native_steps, tokens_and_logprobs
+from stepkit import native_calls, several_steps, swap_reaches_native_steps, tokens_and_logprobs
 
 from jobrunner.engine.paged import cpu_kernels
 
@@ -47,12 +47,7 @@ def two_threads():
 
 @pytest.fixture
 def calls(monkeypatch) -> list[bool]:
-    """What each NativeLayers.run returned: True where a step ran in the native call."""
-    from jobrunner.engine.paged.native_layers import NativeLayers
-
-    took, real = [], NativeLayers.run
-    monkeypatch.setattr(NativeLayers, "run", lambda *a: took.append(real(*a)) or took[-1])
-    return took
+    return native_calls(monkeypatch)
 
 
 def _both_ways(loaded, prompts, cfg=None) -> list[dict]:

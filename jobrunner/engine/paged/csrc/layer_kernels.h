@@ -9,6 +9,9 @@ void rms_norm(const float *x, int64_t ld, const float *w, float eps, float *y, i
 void silu_mul(const float *gu, int64_t ld, float *y, int64_t T, int64_t n, int threads);
 void small_gemm(const float *x, int64_t ldx, const float *w, const float *bias, float *y,
                 int64_t M, int64_t N, int64_t K, int threads);
+/* rows a thread from which both linear kernels split a step's rows among the threads
+ * (small_gemm.c keeps it; small_gemm_bf16.c reads it) */
+int64_t small_gemm_split_rows(int64_t rows);
 int rms_norm_bf16(const float *x, int64_t ld, const float *w, float eps, uint16_t *y, int64_t T,
                   int64_t D, int threads);
 int small_gemm_bf16_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, const float *bias,

@@ -53,10 +53,6 @@ int64_t small_gemm_bf16_amx_rows(int64_t rows) {
     return amx_ready() ? amx_rows : 0;
 }
 
-/* The rows a thread from which a step splits its rows among the threads (small_gemm.c keeps
- * the one threshold both kernels take). */
-int64_t small_gemm_split_rows(int64_t rows);
-
 static int takes_amx(int64_t M, int64_t K) {
     return amx_rows > 0 && M >= amx_rows && K % 32 == 0 && amx_ready();
 }
