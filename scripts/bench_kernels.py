@@ -19,19 +19,23 @@ At SmolLM2-135M's shapes (hidden 576, 9 query heads on 3 KV heads of 64, MLP 153
 
 On a machine shared with other work, time with --threads 1 (the default): each measurement
 is then the thread's own CPU time, which other processes do not inflate (the peak is per core
-then too). --baseline-lib PATH times another build of csrc/ (e.g. an older commit's) alongside.
+then too). --busy-cores N makes such work on purpose (a spinning process on each of the last N
+CPUs), to time how the kernels share a step among threads of unequal speed. --baseline-lib PATH times another build of csrc/ (e.g. an older commit's) alongside.
 
     python scripts/bench_kernels.py
     python scripts/bench_kernels.py --only gemm,decode --baseline-lib /tmp/old.so
+    python scripts/bench_kernels.py --threads 2 --only gemm-bf16 --busy-cores 1 --baseline-lib ...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from functools import partial
@@ -264,7 +268,7 @@ def reduction_gbs(tensors: list[torch.Tensor], clock: Clock) -> float:
     return nbytes / clock.best(lambda: [t.sum() for t in tensors]) / 1e9
 
 
-def bench_gemm(clock: Clock, rows: list[int]) -> None:
+def bench_gemm(clock: Clock, rows: list[int], baseline=None) -> None:
     shapes = [(NH * HD + 2 * NKV * HD, HIDDEN), (HIDDEN, HIDDEN), (2 * MLP, HIDDEN), (HIDDEN, MLP)]
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=g) * 0.02 for _ in range(LAYERS) for n, k in shapes]
@@ -288,6 +292,10 @@ def bench_gemm(clock: Clock, rows: list[int]) -> None:
             if m >= torch.get_num_threads() * cpu_kernels.gemm_split_rows():  # rows split: and not
                 shared = partial(_linears, _kernel, xs, weights, ours)
                 paths["panels shared"] = partial(_with_split_rows, 10**9, shared)
+            if baseline is not None:
+                paths["baseline build"] = partial(
+                    _with, baseline, _linears, _kernel, xs, weights, ours
+                )
         cells = []
         for name, fn in paths.items():
             s = clock.best(fn)
@@ -297,7 +305,7 @@ def bench_gemm(clock: Clock, rows: list[int]) -> None:
         print(f"  {m:4d} rows: " + " | ".join(cells), flush=True)
 
 
-def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
+def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float, baseline=None) -> None:
     """bfloat16 weights: torch's F.linear on bfloat16 rows (oneDNN) against our vdpbf16ps kernel
     on float32 rows (rounded to bfloat16 inside) and, where the CPU has them, our AMX tiles at
     every row count, against `peak`, the bfloat16 peak of the path the kernels take (one
@@ -329,6 +337,10 @@ def bench_gemm_bf16(clock: Clock, rows: list[int], peak: float) -> None:
         if m >= torch.get_num_threads() * cpu_kernels.gemm_split_rows():  # rows split: and not
             shared = partial(_with_amx_rows, 0, _linears, _kernel_bf16, x32, weights, ours)
             paths["panels shared"] = partial(_with_split_rows, 10**9, shared)
+        if baseline is not None:
+            paths["baseline build"] = partial(
+                _with, baseline, _with_amx_rows, 0, _linears, _kernel_bf16, x32, weights, ours
+            )
         if amx:
             paths["AMX"] = partial(_with_amx_rows, 1, _linears, _kernel_bf16, x32, weights, ours)
         cells = []
@@ -540,7 +552,34 @@ def load_baseline(path: str):
     lib.paged_prefill_supports.argtypes = [i64] * 3
     lib.rms_norm.argtypes = [ptr, i64, ptr, ctypes.c_float, ptr, i64, i64, ctypes.c_int]
     lib.silu_mul.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int]
+    ours = cpu_kernels.load()
+    for name in (
+        "small_gemm",
+        "small_gemm_bf16",
+        "small_gemm_split_rows",
+        "small_gemm_bf16_amx_rows",
+    ):
+        getattr(lib, name).argtypes = getattr(ours, name).argtypes
+        getattr(lib, name).restype = getattr(ours, name).restype
     return lib
+
+
+@contextlib.contextmanager
+def busy_cores(n: int):
+    """n processes spinning, each pinned to one of the last n CPUs this process may use, for the
+    block: another workload on the cores (a neighbour on a shared node), under which the kernels'
+    split of a step among the threads shows (a thread that shares its core runs slower)."""
+    cpus = sorted(os.sched_getaffinity(0))[-n:] if n > 0 else []
+    spin = [sys.executable, "-c", "while True: pass"]
+    procs = [subprocess.Popen(spin, preexec_fn=partial(os.sched_setaffinity, 0, {c})) for c in cpus]
+    if procs:
+        print(f"busy: a spinning process pinned to each of CPUs {cpus}")
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> None:
@@ -551,7 +590,15 @@ def main() -> None:
     p.add_argument("--only", default="peak,gemm,gemm-bf16,decode,prefill,rows")
     p.add_argument("--gemm-rows", default="1,16,52,128,256,512,1024")
     p.add_argument("--baseline-lib", default=None, help="another build of csrc/ to time alongside")
+    p.add_argument(
+        "--busy-cores", type=int, default=0, help="spinning processes pinned to the last N CPUs"
+    )
     args = p.parse_args()
+    with busy_cores(args.busy_cores):
+        run(args)
+
+
+def run(args) -> None:
     torch.set_num_threads(args.threads)
     clock = Clock(args.threads)
     if cpu_kernels.load() is None:
@@ -563,13 +610,14 @@ def main() -> None:
     kept = heap.keep_freed_memory()  # as make_engine does on CPU: outputs reuse freed pages
     print(f"heap: freed memory {'kept' if kept else 'returned (fresh pages each call)'}")
     if "gemm" in only:
-        bench_gemm(clock, [int(r) for r in args.gemm_rows.split(",")])
+        bench_gemm(clock, [int(r) for r in args.gemm_rows.split(",")], baseline)
     bf16_peak = None
     if {"gemm-bf16", "prefill"} & only and cpu_kernels.gemm_bf16_supported():
         bf16_peak, bf16_note = peak_flops(args.threads, bf16=True)
         print(f"bfloat16 peak {bf16_note}")
     if "gemm-bf16" in only:  # it says why it skips on a CPU without AVX-512 BF16
-        bench_gemm_bf16(clock, [int(r) for r in args.gemm_rows.split(",")], bf16_peak or 0.0)
+        rows = [int(r) for r in args.gemm_rows.split(",")]
+        bench_gemm_bf16(clock, rows, bf16_peak or 0.0, baseline)
     if "decode" in only:
         bench_decode(clock, baseline)
     if "prefill" in only:

@@ -27,6 +27,7 @@
 
 #include "isa.h"
 #include "layer_kernels.h"
+#include "row_chunks.h"
 
 #if defined(JR_AVX2)
 #define NR 16 /* output columns per panel */
@@ -237,7 +238,7 @@ static int64_t slice_rows(int64_t K) {
     return mc < 8 * MR ? 8 * MR : mc - mc % MR;
 }
 
-/* Rows `lo` .. `hi` of x, a slice at a time, every panel over each: one thread's work. */
+/* Rows `lo` .. `hi` of x, a slice at a time, every panel over each: one chunk of a thread. */
 static void gemm_slices(const float *x, int64_t ldx, const float *w, const float *bias, float *y,
                         int64_t lo, int64_t hi, int64_t N, int64_t K) {
     const int64_t mc = slice_rows(K), panels = (N + NR - 1) / NR;
@@ -271,12 +272,17 @@ int64_t small_gemm_split_rows(int64_t rows) {
 void small_gemm(const float *x, int64_t ldx, const float *w, const float *bias, float *y,
                 int64_t M, int64_t N, int64_t K, int threads) {
     if (threads < 1) threads = 1;
-    if (threads > 1 && M >= split_rows * threads) {
-        const int64_t units = (M + MR - 1) / MR; /* whole row blocks to each thread */
+    if (threads > 1 && M >= split_rows * threads) { /* shares of row blocks: row_chunks.h */
+        const int64_t units = (M + MR - 1) / MR, most = slice_rows(K) / MR;
+        const int64_t least = (CHUNK_LEAST_ROWS + MR - 1) / MR;
+        uint64_t shares[threads];
+        share_units(shares, units, threads);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
         for (int t = 0; t < threads; t++) {
-            const int64_t lo = t * units / threads * MR, hi = (t + 1) * units / threads * MR;
-            gemm_slices(x, ldx, w, bias, y, lo, hi < M ? hi : M, N, K);
+            int64_t u0, n;
+            while ((n = claim_units(shares, threads, t, least, most, &u0)) > 0)
+                gemm_slices(x, ldx, w, bias, y, u0 * MR, (u0 + n) * MR < M ? (u0 + n) * MR : M,
+                            N, K);
         }
         return;
     }

@@ -27,6 +27,7 @@
 #include "amx.h"
 #include "bf16_pairs.h"
 #include "layer_kernels.h"
+#include "row_chunks.h"
 #include "silu.h"
 
 #define NR 32 /* output columns per panel */
@@ -355,21 +356,26 @@ static void slice_panel(const struct gemm_args *a, const uint32_t *pairs, int64_
                    a->mode == ADD, rows, a->N, p);
 }
 
-/* The rows split among the threads, whole blocks to each: each thread rounds its own slices
- * to pairs and runs every panel over them, the pairs staying in its own L2 (when the threads
- * share each slice's panels, each reads the pairs the other made, from the other core).
- * Zen 4, 2 threads, SmolLM2's four linears of a layer at 4,096 rows, alternating in one
- * process: 86.6% of peak (median) with the panels shared, 91.0% split by rows; 30 distinct
- * layers: 83.9 -> 88.8%; at 256 rows 74.4 -> 84.4%. */
+/* The rows shared among the threads in whole blocks (row_chunks.h: each thread its own share,
+ * a slice at a time, then what another has not started): each thread rounds its slices to
+ * pairs and runs every panel over them, the pairs staying in its own L2 (when the threads share
+ * each slice's panels, each reads the pairs the other made, from the other core). Zen 4, 2
+ * threads, SmolLM2's four linears of a layer at 4,096 rows, alternating in one process: 86.6%
+ * of peak (median) with the panels shared, 91.0% split by rows; 30 distinct layers: 83.9 ->
+ * 88.8%; at 256 rows 74.4 -> 84.4%. */
 static void gemm_row_split(const struct gemm_args *a, uint32_t *pairs, int64_t mc, int64_t M,
                            int threads) {
     const int64_t panels = panels_of(a), mr = block_rows(a), units = (M + mr - 1) / mr;
+    const int64_t most = mc / mr > 1 ? mc / mr : 1, least = (CHUNK_LEAST_ROWS + mr - 1) / mr;
+    uint64_t shares[threads];
+    share_units(shares, units, threads);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int t = 0; t < threads; t++) {
         uint32_t *own = pairs + t * mc * a->K2;
-        const int64_t end = block_start(units, threads, t + 1) * mr, hi = end < M ? end : M;
-        for (int64_t m0 = block_start(units, threads, t) * mr; m0 < hi; m0 += mc) {
-            const int64_t rows = hi - m0 < mc ? hi - m0 : mc, blocks = (rows + mr - 1) / mr;
+        int64_t u0, n;
+        while ((n = claim_units(shares, threads, t, least, most, &u0)) > 0) {
+            const int64_t m0 = u0 * mr, end = (u0 + n) * mr < M ? (u0 + n) * mr : M;
+            const int64_t rows = end - m0, blocks = (rows + mr - 1) / mr;
             for (int64_t b = 0; b < blocks; b++) slice_pairs(a, own, m0, rows, blocks, b);
             for (int64_t p = 0; p < panels; p++) slice_panel(a, own, m0, rows, p);
         }
