@@ -25,17 +25,17 @@ static int failures;
 /* Claims by `threads` simulated threads in the order `next_thread` picks (-1: all done) until
  * every share is done; each block's claims counted in seen; steals (pieces taken from another
  * share) checked against least and most. */
-static void simulate(int64_t units, int threads, int64_t least, int64_t most,
+static void simulate(int64_t units, int threads, int64_t slice, int64_t least, int64_t most,
                      int (*next_thread)(int step, int threads), const char *what) {
-    uint64_t shares[16];
+    Share shares[16];
     int seen[MAX_UNITS] = {0};
     share_units(shares, units, threads);
     for (int step = 0;; step++) {
         const int t = next_thread(step, threads);
-        int64_t first, own = take_units(shares + t, 0, least, most, &first), n = own;
+        int64_t first, own = take_units(shares + t, 0, slice, least, most, &first), n = own;
         for (int i = 1; n == 0 && i < threads; i++) {
-            const uint64_t before = shares[(t + i) % threads];
-            n = take_units(shares + (t + i) % threads, 1, least, most, &first);
+            const uint64_t before = shares[(t + i) % threads].word;
+            n = take_units(shares + (t + i) % threads, 1, slice, least, most, &first);
             const int64_t left = (int64_t)(before & 0xffffffffu) - (int64_t)(before >> 32);
             CHECK(n == 0 || n <= most, "%s: a steal of %lld > most %lld", what, (long long)n,
                   (long long)most);
@@ -45,11 +45,12 @@ static void simulate(int64_t units, int threads, int64_t least, int64_t most,
         if (n == 0) {
             int done = 1;
             for (int i = 0; i < threads; i++)
-                done &= (shares[i] >> 32) >= (shares[i] & 0xffffffffu);
+                done &= (shares[i].word >> 32) >= (shares[i].word & 0xffffffffu);
             if (done) break;
             continue;
         }
-        CHECK(own == 0 || own <= most, "%s: a slice of %lld > most", what, (long long)own);
+        CHECK(own == 0 || own <= slice, "%s: a slice of %lld > %lld", what, (long long)own,
+              (long long)slice);
         for (int64_t u = first; u < first + n; u++) seen[u]++;
     }
     for (int64_t u = 0; u < units; u++)
@@ -65,12 +66,12 @@ static int at_random(int step, int threads) {
     return (int)((rng >> 16) % (unsigned)threads);
 }
 
-/* Thread 0 alone: its own share in slices of `most`, then the others' in halves. */
+/* Thread 0 alone: its own share in slices, then the other's in halves. */
 static void stalled_thread(void) {
-    uint64_t shares[2];
+    Share shares[2];
     int64_t first, sizes[64], k = 0, n;
     share_units(shares, 100, 2); /* [0, 50) and [50, 100) */
-    while ((n = claim_units(shares, 2, 0, 5, 20, &first)) > 0 && k < 64) sizes[k++] = n;
+    while ((n = claim_units(shares, 2, 0, 20, 5, 20, &first)) > 0 && k < 64) sizes[k++] = n;
     /* own: 20, 20, 10; then from thread 1's 50: 20 (half is 25, most 20), 15, 8, 5, 2 */
     const int64_t want[] = {20, 20, 10, 20, 15, 8, 5, 2};
     CHECK(k == 8, "stalled: %lld claims, want 8", (long long)k);
@@ -84,13 +85,13 @@ static void concurrent(void) {
     enum { UNITS = 4000 };
     static int seen[UNITS];
     int64_t taken[2] = {0, 0};
-    uint64_t shares[2];
+    Share shares[2];
     share_units(shares, UNITS, 2);
 #pragma omp parallel num_threads(2)
     {
         const int t = omp_get_thread_num();
         int64_t first, n;
-        while ((n = claim_units(shares, 2, t, 4, 16, &first)) > 0) {
+        while ((n = claim_units(shares, 2, t, 1, 1, UNITS, &first)) > 0) { /* as panels are */
             for (int64_t u = first; u < first + n; u++) __atomic_fetch_add(seen + u, 1, __ATOMIC_RELAXED);
             taken[t] += n;
             if (t == 1) {
@@ -109,17 +110,18 @@ static void concurrent(void) {
 int main(void) {
     for (int threads = 1; threads <= 4; threads++)
         for (int64_t units = 1; units <= 300; units += 37) {
-            simulate(units, threads, 3, 16, round_robin, "round robin");
-            simulate(units, threads, 3, 16, first_only, "one thread");
-            simulate(units, threads, 3, 16, at_random, "random order");
-            simulate(units, threads, 1, 1, at_random, "one block a claim");
+            simulate(units, threads, 16, 3, 16, round_robin, "round robin");
+            simulate(units, threads, 16, 3, 16, first_only, "one thread");
+            simulate(units, threads, 16, 3, 16, at_random, "random order");
+            simulate(units, threads, 1, 1, 1, at_random, "one block a claim");
+            simulate(units, threads, 1, 1, units, at_random, "panels"); /* as panels are shared */
         }
     /* threads keeping pace take only their own shares, slice for slice, as an equal split */
-    uint64_t shares[2];
+    Share shares[2];
     int64_t first, n;
     share_units(shares, 293, 2);
     int64_t claims[2] = {0, 0};
-    for (int t = 0; (n = claim_units(shares, 2, t, 5, 32, &first)) > 0; t ^= 1) {
+    for (int t = 0; (n = claim_units(shares, 2, t, 32, 5, 32, &first)) > 0; t ^= 1) {
         claims[t]++;
         CHECK(first < 146 ? t == 0 : t == 1, "paced: thread %d took block %lld", t,
               (long long)first);

@@ -275,23 +275,30 @@ void small_gemm(const float *x, int64_t ldx, const float *w, const float *bias, 
     if (threads > 1 && M >= split_rows * threads) { /* shares of row blocks: row_chunks.h */
         const int64_t units = (M + MR - 1) / MR, most = slice_rows(K) / MR;
         const int64_t least = (CHUNK_LEAST_ROWS + MR - 1) / MR;
-        uint64_t shares[threads];
+        Share shares[threads];
         share_units(shares, units, threads);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
         for (int t = 0; t < threads; t++) {
             int64_t u0, n;
-            while ((n = claim_units(shares, threads, t, least, most, &u0)) > 0)
+            while ((n = claim_units(shares, threads, t, most, least, most, &u0)) > 0)
                 gemm_slices(x, ldx, w, bias, y, u0 * MR, (u0 + n) * MR < M ? (u0 + n) * MR : M,
                             N, K);
         }
         return;
     }
+    /* fewer rows: each slice's panels shared out, a panel at a time (row_chunks.h) */
     const int64_t mc = slice_rows(K), panels = (N + NR - 1) / NR;
+    Share shares[threads];
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc;
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t p = 0; p < panels; p++)
-            gemm_panel(x + m0 * ldx, ldx, w, bias, y + m0 * N, rows, N, K, p);
+        share_units(shares, panels, threads);
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+        for (int t = 0; t < threads; t++) {
+            int64_t p0, n;
+            while ((n = claim_units(shares, threads, t, 1, 1, panels, &p0)) > 0)
+                for (int64_t p = p0; p < p0 + n; p++)
+                    gemm_panel(x + m0 * ldx, ldx, w, bias, y + m0 * N, rows, N, K, p);
+        }
     }
 }
 

@@ -367,13 +367,13 @@ static void gemm_row_split(const struct gemm_args *a, uint32_t *pairs, int64_t m
                            int threads) {
     const int64_t panels = panels_of(a), mr = block_rows(a), units = (M + mr - 1) / mr;
     const int64_t most = mc / mr > 1 ? mc / mr : 1, least = (CHUNK_LEAST_ROWS + mr - 1) / mr;
-    uint64_t shares[threads];
+    Share shares[threads];
     share_units(shares, units, threads);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int t = 0; t < threads; t++) {
         uint32_t *own = pairs + t * mc * a->K2;
         int64_t u0, n;
-        while ((n = claim_units(shares, threads, t, least, most, &u0)) > 0) {
+        while ((n = claim_units(shares, threads, t, most, least, most, &u0)) > 0) {
             const int64_t m0 = u0 * mr, end = (u0 + n) * mr < M ? (u0 + n) * mr : M;
             const int64_t rows = end - m0, blocks = (rows + mr - 1) / mr;
             for (int64_t b = 0; b < blocks; b++) slice_pairs(a, own, m0, rows, blocks, b);
@@ -382,18 +382,26 @@ static void gemm_row_split(const struct gemm_args *a, uint32_t *pairs, int64_t m
     }
 }
 
-/* Each slice's blocks rounded to pairs by all threads, then its panels shared out among them:
- * for few rows, where W's bytes outweigh the rows' and each thread reads only its panels. */
+/* Each slice's blocks rounded to pairs by all threads, then its panels shared out among them,
+ * each thread its own share a panel at a time, then half of another's rest (row_chunks.h): for
+ * few rows, where W's bytes outweigh the rows' and each thread reads only its panels. */
 static void gemm_panel_split(const struct gemm_args *a, uint32_t *pairs, int64_t mc, int64_t M,
                              int threads) {
     const int64_t panels = panels_of(a), mr = block_rows(a);
+    Share shares[threads];
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc, blocks = (rows + mr - 1) / mr;
+#pragma omp single /* its barrier: the shares are set */
+        share_units(shares, panels, threads);
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) slice_pairs(a, pairs, m0, rows, blocks, b);
-#pragma omp for schedule(static) /* its barrier: the pairs are done with */
-        for (int64_t p = 0; p < panels; p++) slice_panel(a, pairs, m0, rows, p);
+#pragma omp for schedule(static, 1) /* its barrier: the pairs and shares are done with */
+        for (int t = 0; t < threads; t++) {
+            int64_t p0, n;
+            while ((n = claim_units(shares, threads, t, 1, 1, panels, &p0)) > 0)
+                for (int64_t p = p0; p < p0 + n; p++) slice_panel(a, pairs, m0, rows, p);
+        }
     }
 }
 
