@@ -1,9 +1,10 @@
-/* Checks csrc/row_chunks.h, how the linear kernels share a step's row blocks among threads:
- * every block claimed exactly once, whatever order the threads claim in; a thread that keeps
- * pace takes only its own share, a slice at a time; a thread that stalls has the rest of its
- * share taken by the others, in pieces of at least `least` and at most `most` blocks; and real
- * threads, one of them slowed, claiming at once. tests/test_row_chunks.py builds and runs it;
- * it prints "ok" or what failed and exits nonzero. */
+/* Checks csrc/row_chunks.h, how the linear kernels share a step's row blocks (or a slice's
+ * panels) among threads: every unit claimed exactly once, whatever order the threads claim in;
+ * a thread that keeps pace takes only its own share, a slice at a time; a thread that stalls
+ * has the rest of its share taken by the others, in pieces within `least` and `most`; real
+ * threads claiming at once, one unit at a time, thousands of rounds (where claims and steals
+ * race on the same share); and a slowed thread whose share the other takes. It prints "ok" or
+ * what failed and exits nonzero; tests/test_row_chunks.py builds and runs it. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,11 @@ static void simulate(int64_t units, int threads, int64_t slice, int64_t least, i
     int seen[MAX_UNITS] = {0};
     share_units(shares, units, threads);
     for (int step = 0;; step++) {
+        if (step > 4 * units + 64 * threads) { /* each claim takes a unit: this is a hang */
+            CHECK(0, "%s: %lld units still not done after %d claims", what, (long long)units,
+                  step);
+            return;
+        }
         const int t = next_thread(step, threads);
         int64_t first, own = take_units(shares + t, 0, slice, least, most, &first), n = own;
         for (int i = 1; n == 0 && i < threads; i++) {
@@ -39,8 +45,9 @@ static void simulate(int64_t units, int threads, int64_t slice, int64_t least, i
             const int64_t left = (int64_t)(before & 0xffffffffu) - (int64_t)(before >> 32);
             CHECK(n == 0 || n <= most, "%s: a steal of %lld > most %lld", what, (long long)n,
                   (long long)most);
-            CHECK(n == 0 || n >= least || n == left, "%s: a steal of %lld < least %lld", what,
-                  (long long)n, (long long)least);
+            const int64_t floor = least < most ? least : most; /* most wins */
+            CHECK(n == 0 || n >= floor || n == left, "%s: a steal of %lld < %lld", what,
+                  (long long)n, (long long)floor);
         }
         if (n == 0) {
             int done = 1;
@@ -51,6 +58,11 @@ static void simulate(int64_t units, int threads, int64_t slice, int64_t least, i
         }
         CHECK(own == 0 || own <= slice, "%s: a slice of %lld > %lld", what, (long long)own,
               (long long)slice);
+        if (first < 0 || first + n > units) {
+            CHECK(0, "%s: a claim of %lld at %lld, outside %lld units", what, (long long)n,
+                  (long long)first, (long long)units);
+            return;
+        }
         for (int64_t u = first; u < first + n; u++) seen[u]++;
     }
     for (int64_t u = 0; u < units; u++)
@@ -78,6 +90,40 @@ static void stalled_thread(void) {
     for (int64_t i = 0; i < k && i < 8; i++)
         CHECK(sizes[i] == want[i], "stalled: claim %lld took %lld, want %lld", (long long)i,
               (long long)sizes[i], (long long)want[i]);
+}
+
+/* Real threads claiming at once, a unit at a time with steals of up to `most`, for many
+ * rounds and sizes: every unit once, with claims and steals racing on the same shares. */
+static void contended(int threads) {
+    enum { MOST_UNITS = 3000 };
+    static int seen[MOST_UNITS];
+    Share shares[8];
+    for (int round = 0; round < 2000; round++) {
+        const int64_t units = 1 + (round * 7919) % MOST_UNITS, most = 1 + round % 9;
+        for (int64_t u = 0; u < units; u++) seen[u] = 0;
+        share_units(shares, units, threads);
+        int bad = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : bad)
+        {
+            const int t = omp_get_thread_num();
+            int64_t first, n;
+            while ((n = claim_units(shares, threads, t, 1 + round % 3, 2, most, &first)) > 0) {
+                if (first < 0 || first + n > units) {
+                    bad++;
+                    break;
+                }
+                for (int64_t u = first; u < first + n; u++)
+                    __atomic_fetch_add(seen + u, 1, __ATOMIC_RELAXED);
+            }
+        }
+        CHECK(bad == 0, "contended: %d claims outside %lld units", bad, (long long)units);
+        for (int64_t u = 0; u < units; u++)
+            if (seen[u] != 1) {
+                CHECK(0, "contended (%d threads): unit %lld of %lld claimed %d times", threads,
+                      (long long)u, (long long)units, seen[u]);
+                return;
+            }
+    }
 }
 
 /* Real threads claiming at once, thread 1 slowed: every block once, and thread 0 took more. */
@@ -115,6 +161,7 @@ int main(void) {
             simulate(units, threads, 16, 3, 16, at_random, "random order");
             simulate(units, threads, 1, 1, 1, at_random, "one block a claim");
             simulate(units, threads, 1, 1, units, at_random, "panels"); /* as panels are shared */
+            simulate(units, threads, 9, 13, 9, at_random, "least above most"); /* float32, AVX2 */
         }
     /* threads keeping pace take only their own shares, slice for slice, as an equal split */
     Share shares[2];
@@ -129,6 +176,8 @@ int main(void) {
     CHECK(claims[0] == 5 && claims[1] == 5, "paced: %lld and %lld slices, want 5 each",
           (long long)claims[0], (long long)claims[1]);
     stalled_thread();
+    contended(2);
+    contended(4);
     concurrent();
     printf(failures ? "%d failed\n" : "ok\n", failures);
     return failures != 0;

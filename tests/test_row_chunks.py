@@ -5,6 +5,7 @@ is built into tests/row_chunks_check.c with the C compiler the kernels use and r
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,15 +16,18 @@ from jobrunner.engine.paged import cpu_kernels
 
 CSRC = Path(cpu_kernels.__file__).with_name("csrc")
 CHECK = Path(__file__).with_name("row_chunks_check.c")
+CC = os.environ.get("CC", "cc")  # as engine/native_build.py picks it
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+@pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler")
 def test_every_row_block_is_claimed_once_and_a_stalled_threads_rows_are_taken(tmp_path):
     exe = tmp_path / "row_chunks_check"
     subprocess.run(
-        ["cc", "-O2", "-fopenmp", f"-I{CSRC}", str(CHECK), "-o", str(exe)],
+        [CC, "-O2", "-fopenmp", f"-I{CSRC}", str(CHECK), "-o", str(exe)],
         check=True,
         capture_output=True,
+        timeout=120,
     )
-    done = subprocess.run([str(exe)], capture_output=True, text=True, env={"OMP_NUM_THREADS": "2"})
+    env = {**os.environ, "OMP_NUM_THREADS": "4"}
+    done = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr

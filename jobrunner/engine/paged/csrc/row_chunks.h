@@ -2,17 +2,18 @@
  * so that none waits long for another that runs slower (a core another process shares, the
  * thread that also runs Python between kernels): each thread owns an equal share, which it
  * works through from the front a slice at a time, as an equal split does; a thread whose share
- * is done takes half of what another has not yet started (at least `least` units, at most
- * `most`), from the back. Where the threads keep pace nothing is taken and the work is the
- * equal split's. The split changes no bit: each row's sums run over k in order whichever
- * thread makes them.
+ * is done takes half of what another has not yet started (at least `least` units unless `most`
+ * or the share's rest is smaller, at most `most`), from the back. Where the threads keep pace
+ * nothing is taken and the work is the equal split's. The split changes no bit: each row's
+ * sums run over k in order whichever thread makes them.
  *
- * Each share is one word, its first and its end unit, updated by compare and swap, so its
- * owner and a thread taking from it never claim the same unit. */
+ * Each share is one word, its first and its end unit (fewer than 2^32 units: a step's row
+ * blocks or a slice's panels), updated by compare and swap, so its owner and a thread taking
+ * from it never claim the same unit. */
 #pragma once
 #include <stdint.h>
 
-#define CHUNK_LEAST_ROWS 64 /* the fewest rows a thread takes from another's share */
+#define CHUNK_LEAST_ROWS 64 /* the fewest rows a thread takes from another's share (`least`) */
 
 /* A share: its first and its end unit (32 bits each) in one word, alone on its cache line (the
  * owner's claims do not contend with the other shares'). */
@@ -42,7 +43,7 @@ static inline int64_t take_units(Share *share, int back, int64_t slice, int64_t 
         n = back ? (hi - lo + 1) / 2 : slice;
         n = back && n < least ? least : n;
         n = back && n > most ? most : n;
-        n = n > hi - lo ? hi - lo : n;
+        n = n > hi - lo ? hi - lo : n < 1 ? 1 : n; /* never an empty claim from a live share */
         w = back ? share_word(lo, hi - n) : share_word(lo + n, hi);
     } while (!__atomic_compare_exchange_n(&share->word, &v, w, 0, __ATOMIC_RELAXED,
                                           __ATOMIC_RELAXED));

@@ -392,7 +392,7 @@ static void gemm_panel_split(const struct gemm_args *a, uint32_t *pairs, int64_t
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t rows = M - m0 < mc ? M - m0 : mc, blocks = (rows + mr - 1) / mr;
-#pragma omp single /* its barrier: the shares are set */
+#pragma omp single nowait /* set before any claim: the pairs' loop ends in a barrier */
         share_units(shares, panels, threads);
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) slice_pairs(a, pairs, m0, rows, blocks, b);
@@ -409,8 +409,9 @@ static void gemm_panel_split(const struct gemm_args *a, uint32_t *pairs, int64_t
  * every panel passes over them; each slice streams all of W again, so slices as large as L2
  * allows (Zen 4, 1 MB L2, 2 threads, SmolLM2's linears at 4,096 rows: 128 KB slices 70-71% of
  * peak, 512 KB 80-81%; equal at 64-1,024 rows). Steps of small_gemm_split_rows() rows a
- * thread or more give each thread its own rows and slices (gemm_row_split); fewer share each
- * slice's panels (gemm_panel_split). The threads' split changes no bit: each row's sums run
+ * thread or more give each thread a share of the rows, in its own slices (gemm_row_split);
+ * fewer share each slice's panels (gemm_panel_split); either way a thread done with its share
+ * takes from another's (row_chunks.h). The threads' split changes no bit: each row's sums run
  * over k in order whichever thread makes them. x: float32 rows, or bfloat16 (x_bf16); y:
  * float32 (M x N, row stride ldy) written (STORE) or added to (ADD), or bfloat16 silu(gate) *
  * up (SILU; M x N/2). Returns nonzero when the scratch cannot be allocated. */
