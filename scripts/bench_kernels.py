@@ -20,7 +20,8 @@ At SmolLM2-135M's shapes (hidden 576, 9 query heads on 3 KV heads of 64, MLP 153
 On a machine shared with other work, time with --threads 1 (the default): each measurement
 is then the thread's own CPU time, which other processes do not inflate (the peak is per core
 then too). --busy-cores N makes such work on purpose (a spinning process on each of the last N
-CPUs), to time how the kernels share a step among threads of unequal speed. --baseline-lib PATH times another build of csrc/ (e.g. an older commit's) alongside.
+CPUs), to time how the kernels share a step among threads of unequal speed. --baseline-lib
+PATH times another build of csrc/ (e.g. an older commit's) alongside.
 
     python scripts/bench_kernels.py
     python scripts/bench_kernels.py --only gemm,decode --baseline-lib /tmp/old.so

@@ -138,7 +138,8 @@ static void concurrent(void) {
         const int t = omp_get_thread_num();
         int64_t first, n;
         while ((n = claim_units(shares, 2, t, 1, 1, UNITS, &first)) > 0) { /* as panels are */
-            for (int64_t u = first; u < first + n; u++) __atomic_fetch_add(seen + u, 1, __ATOMIC_RELAXED);
+            for (int64_t u = first; u < first + n; u++)
+                __atomic_fetch_add(seen + u, 1, __ATOMIC_RELAXED);
             taken[t] += n;
             if (t == 1) {
                 const struct timespec pause = {0, 200000}; /* 0.2 ms a claim */
