@@ -287,6 +287,38 @@ def test_slots_never_written_are_never_read(
     assert tokens(poison) == tokens(lambda t: t.zero_())
 
 
+def test_the_last_layer_runs_on_only_the_rows_whose_output_is_wanted(loaded, prompts, monkeypatch):
+    """A prefill step's last layer writes every row's K/V but takes only the rows whose next
+    token is sampled through o_proj and the MLP: the same bits for those rows as running all of
+    them, and none at all for a step of chunks that end before their prompts do."""
+    from jobrunner.engine.embed.decoder import PagedPrefill
+
+    seqs = prompts[10:14]
+    pp = PagedPrefill(loaded.model, 4096, 4096, 16)
+    m, lens = pp.model, [len(s) for s in seqs]
+    ids = torch.tensor([t for s in seqs for t in s])
+    pos = torch.cat([torch.arange(n) for n in lens])
+    wanted = torch.tensor(lens).cumsum(0) - 1  # each prompt's last token
+    seen = []
+    real = m._add_linear
+
+    def spy(out, mod, x):
+        if mod is m.layers[-1].mlp.down_proj or mod is m.layers[-1].self_attn.o_proj:
+            seen.append(x.shape[0])
+        return real(out, mod, x)
+
+    monkeypatch.setattr(m, "_add_linear", spy)
+    every = m.hidden_states(ids, pos, pp._metadata(lens), pp.kv.layers)
+    assert seen == [sum(lens)] * 2
+    seen.clear()
+    got = m.hidden_states(ids, pos, pp._metadata(lens), pp.kv.layers, wanted)
+    assert seen == [len(seqs)] * 2
+    assert torch.equal(got, every[wanted])
+    seen.clear()
+    none = m.hidden_states(ids, pos, pp._metadata(lens), pp.kv.layers, wanted[:0])
+    assert none.shape == (0, every.shape[1]) and seen == []
+
+
 def test_the_real_model_runs_the_one_pass_norm_and_gated_silu(loaded, prompts, monkeypatch):
     """The model's own modules (transformers' SiLUActivation, LlamaRMSNorm) take the native
     one-pass kernels, not the torch fallbacks they are checked against."""

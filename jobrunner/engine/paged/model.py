@@ -180,24 +180,35 @@ class PagedCausalLM:
     ) -> torch.Tensor:  # (R, D) after the final norm, in act_dtype
         h = self.hf.model.embed_tokens(input_ids).to(self.act_dtype)  # (T, D), updated in place
         native = self.native is not None and not self.stopping()  # a decode step: one call
-        if not (native and self.native.run(h, positions, meta, kv_caches)):
-            self._layers(h, positions, meta, kv_caches)
-        return self._norm(self.hf.model.norm, h if out_rows is None else h[out_rows])  # (R, D)
+        if native and self.native.run(h, positions, meta, kv_caches):
+            h = h if out_rows is None else h[out_rows]
+        else:
+            h = self._layers(h, positions, meta, kv_caches, out_rows)
+        return self._norm(self.hf.model.norm, h)  # (R, D)
 
-    def _layers(self, h: torch.Tensor, positions, meta, kv_caches) -> None:
-        """h through every decoder layer, in place, layer by layer."""
+    def _layers(self, h: torch.Tensor, positions, meta, kv_caches, out_rows=None) -> torch.Tensor:
+        """h through every decoder layer, layer by layer, in place; its rows `out_rows` (None:
+        all) after the last layer. That layer's attention writes every row's K/V, but only the
+        wanted rows go on through o_proj and the MLP, whose outputs nothing else reads (a prompt
+        chunk's rows but its last: 1/L of the step's linears saved)."""
         rope = (positions, None, None)  # the C kernel reads the tables by position
         if not self.rope_kernel:
             rope = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+        last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if self.stopping():
                 raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
             o = self._attention(i, layer, h, rope, meta, k_cache, v_cache)
+            if i == last and out_rows is not None and out_rows.shape[0] < h.shape[0]:
+                h, o, out_rows = h[out_rows], o[out_rows], None  # (R, D), (R, nh * hd)
+                if h.shape[0] == 0:  # a step of prompt chunks that end before their prompts
+                    return h
             self._add_linear(h, layer.self_attn.o_proj, o)
             for rows in _tiles(h, self.mlp_tile):  # row tiles keep the MLP's activations cached
                 mlp = layer.mlp
                 rounded = self._rounds(self.gate_up[i], [mlp.gate_proj, mlp.up_proj])
                 self._mlp(i, mlp, self._norm(layer.post_attention_layernorm, rows, rounded), rows)
+        return h if out_rows is None else h[out_rows]
 
     def _linear(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A plain nn.Linear through the small-row path; other modules (quantized) as they are,
