@@ -15,6 +15,7 @@ import json
 import random
 import struct
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from jobrunner.engine.samples import num_runs
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
+from jobrunner.sched.block_manager import CHILDREN_KEPT
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import api_equivalent, api_prices, device_rate, price_warnings
 from jobrunner.telemetry.profile import DeviceProfile, load_profile, profile_key
@@ -57,7 +59,7 @@ class Scan:
 
 def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int = 0) -> Scan:
 
-    s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), set()
+    s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), SeenBlocks()
     preparer = make_preparer(cfg, tokenizer)
     for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
         s.rows += 1
@@ -109,24 +111,67 @@ def _is_choice(item: Any) -> bool:
     return spec is not None and spec.kind == "choice"
 
 
-def _cached(ids: list[int], cfg: JobConfig, seen: set[int], add_to: set[int] | None = None) -> int:
-    """Prompt tokens a never-evicting prefix cache holding `seen` would serve (as the block
-    manager does); this prompt's blocks go to `add_to` (default: `seen`).
+@dataclass
+class SeenBlocks:
+    """The full blocks of the prompts scanned so far, as a never-evicting prefix cache names
+    them, and the newest blocks after each head, 4 bytes a token (the block manager's rules,
+    sched/block_manager.py; bytes hold a block in a tenth of a tuple of ints' memory)."""
 
-    Rows admitted together share too: the scheduler holds back a row whose next uncached block
-    an earlier row computes in the same step, and it hits the cache one step later.
+    hashes: set[int] = field(default_factory=set)
+    children: dict[int | None, list[bytes]] = field(default_factory=dict)
+
+    def served(self, ids: list[int], bs: int) -> int:
+        """Prompt tokens of `ids` the cache would serve; then its blocks join the cache."""
+        raw, parent, hits = array("I", ids).tobytes(), None, 0
+        while hits + bs <= len(ids) - 1:  # the last token is always computed
+            h = hash((parent, raw[4 * hits : 4 * (hits + bs)]))
+            if h not in self.hashes:
+                break
+            parent, hits = h, hits + bs
+        room = min(bs - 1, len(ids) - 1 - hits)
+        want = raw[4 * hits : 4 * (hits + room)]
+        partial = max((_common(c, want) for c in self.children.get(parent, ())), default=0)
+        self._add(raw, len(ids) // bs, bs)
+        return hits + partial
+
+    def _add(self, raw: bytes, blocks: int, bs: int) -> None:
+        parent = None
+        for i in range(blocks):
+            block = raw[4 * bs * i : 4 * bs * (i + 1)]
+            h = hash((parent, block))
+            if h not in self.hashes:
+                self.hashes.add(h)
+                kids = self.children.setdefault(parent, [])
+                kids.append(block)
+                if len(kids) > CHILDREN_KEPT:
+                    del kids[0]
+            parent = h
+
+
+def _common(block: bytes, want: bytes) -> int:
+    """Tokens at the head of `want` that `block` begins with (binary search, C compares)."""
+    lo, hi = 0, len(want) // 4
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if block[: 4 * mid] == want[: 4 * mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _cached(ids: list[int], cfg: JobConfig, seen: SeenBlocks) -> int:
+    """Prompt tokens a never-evicting prefix cache holding `seen` would serve, as the block
+    manager does: the full blocks of a cached head, then the part of the next block that a
+    cached block after the same head begins with; this prompt's blocks are added to `seen`.
+
+    Rows admitted together share full blocks too: the scheduler holds back a row whose next
+    uncached block an earlier row computes in the same step, and it hits the cache one step
+    later.
     """
     if not cfg.engine.prefix_caching:
         return 0
-    bs, parent, hits, hitting = cfg.engine.block_size, None, 0, True
-    for i in range(len(ids) // bs):
-        parent = hash((parent, tuple(ids[i * bs : (i + 1) * bs])))
-        if hitting and i < (len(ids) - 1) // bs and parent in seen:
-            hits += bs
-        else:
-            hitting = False
-        (seen if add_to is None else add_to).add(parent)
-    return hits
+    return seen.served(ids, cfg.engine.block_size)
 
 
 def _reservoir(sample: list, item: Any, n_seen: int, size: int, rng: random.Random) -> None:

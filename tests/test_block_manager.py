@@ -166,3 +166,50 @@ def test_reset_prefix_cache_forgets_heads_and_reuses_their_blocks():
     assert bm.num_free_blocks == 100
     computed(bm, b, 10)
     assert sorted(b.block_table) == [0, 1, 2] and bm.high_water == 3
+
+
+def test_a_head_that_ends_mid_block_is_found_in_a_cached_block():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9])  # blocks [1..4] [5..8] named
+    computed(bm, a, 9)
+    c = make_seq([1, 2, 3, 4, 5, 9, 9, 9, 9])  # after [1..4], [5, 6, 7, 0] begins like it
+    computed(bm, c, 9)
+    b = make_seq([1, 2, 3, 4, 5, 6, 7, 0, 0, 0])
+    hits = bm.cached_prefix(b)
+    assert hits == [0]
+    assert bm.cached_partial(b, hits) == (a.block_table[1], 3)  # the longest of the two
+    assert bm.num_blocks_to_admit(hits, 10) == 2  # the partial block is b's own
+    bm.take_prefix(b, hits, 3)
+    assert b.num_computed_tokens == 7 and bm.num_partial_tokens == 3
+    # the first block too, and never the token whose logits give the next token
+    assert bm.cached_partial(make_seq([1, 2, 3, 7]), []) == (0, 3)
+    assert bm.cached_partial(make_seq([1, 2, 3]), []) == (0, 2)
+    assert bm.cached_partial(make_seq([1]), []) is None
+    assert bm.cached_partial(make_seq([2, 2, 3, 4, 5]), []) is None
+
+
+def test_a_partial_hit_forgets_evicted_and_reset_blocks():
+    bm = BlockManager(num_blocks=3, block_size=4, retain_blocks=0)
+    a = make_seq([1, 2, 3, 4, 5, 6, 7, 8])
+    computed(bm, a, 8)
+    bm.free(a)
+    b = make_seq([1, 2, 3, 4, 5, 6, 0, 0])
+    assert bm.cached_partial(b, bm.cached_prefix(b)) == (1, 2)
+    c = make_seq(list(range(100, 112)))  # takes every block: a's are evicted
+    computed(bm, c, 12)
+    assert bm.cached_partial(b, bm.cached_prefix(b)) is None
+    assert bm.cached_partial(make_seq([100, 101, 7]), []) == (c.block_table[0], 2)
+    bm.free(c)
+    assert bm.reset_prefix_cache()
+    assert bm.cached_partial(make_seq([100, 101, 7]), []) is None
+
+
+def test_partial_hits_look_among_a_head_s_newest_children_only():
+    from jobrunner.sched.block_manager import CHILDREN_KEPT
+
+    bm = BlockManager(num_blocks=4 * CHILDREN_KEPT + 8, block_size=4)
+    for i in range(CHILDREN_KEPT + 1):  # the same first block, a different second one each
+        computed(bm, make_seq([1, 2, 3, 4, 7, 7, 50 + i, 0, 9], rid=str(i)), 9)
+    old, new = make_seq([1, 2, 3, 4, 7, 7, 50, 1, 1]), make_seq([1, 2, 3, 4, 7, 7, 51, 1, 1])
+    assert bm.cached_partial(old, bm.cached_prefix(old))[1] == 2  # its own child was dropped
+    assert bm.cached_partial(new, bm.cached_prefix(new))[1] == 3

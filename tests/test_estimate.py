@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 
 from jobrunner.cli import app
 from jobrunner.config import JobConfig
-from jobrunner.estimate import _cached
+from jobrunner.estimate import SeenBlocks, _cached
 
 PROMPTS = [
     "What is a Python list?",
@@ -84,13 +85,38 @@ def test_estimate_counts_rows_and_tokens_without_weights(job, monkeypatch, tmp_p
 
 def test_prefix_cache_simulation_matches_block_manager_rules():
     cfg = JobConfig.model_validate({"engine": {"block_size": 4}})
-    seen: set[int] = set()
+    seen = SeenBlocks()
     assert _cached(list(range(1, 11)), cfg, seen) == 0  # a cold cache
     assert _cached([1, 2, 3, 4, 5, 6, 7, 8, 99, 100], cfg, seen) == 8  # two shared full blocks
-    assert _cached([1, 2, 3, 4, 5, 6, 7, 8], cfg, seen) == 4  # the last token is always computed
+    # the last token is always computed; the head's first 3 tokens of [5, 6, 7, 8] are served
+    assert _cached([1, 2, 3, 4, 5, 6, 7, 8], cfg, seen) == 7
+    assert _cached([1, 2, 3, 4, 5, 6, 0, 0, 0], cfg, seen) == 6  # a head ending mid-block
     assert _cached([9, 2, 3, 4, 5, 6, 7, 8], cfg, seen) == 0  # chained: a new head breaks it
     off = JobConfig.model_validate({"engine": {"block_size": 4, "prefix_caching": False}})
-    assert _cached([1, 2, 3, 4, 5], off, seen) == 0
+    assert _cached([1, 2, 3, 4, 5], off, SeenBlocks()) == 0
+
+
+def test_the_estimated_prefix_hits_are_what_the_block_manager_serves():
+    """Rows arriving one at a time into a cache that never evicts: the estimate's cached tokens
+    for each equal the full and partial hits the block manager gives it."""
+    from jobrunner.sched import BlockManager, Sequence
+    from jobrunner.types import Request, SamplingParams
+
+    rng = random.Random(7)
+    heads = [[rng.randrange(5) for _ in range(rng.randrange(1, 14))] for _ in range(4)]
+    cfg = JobConfig.model_validate({"engine": {"block_size": 4}})
+    seen, bm = SeenBlocks(), BlockManager(num_blocks=4096, block_size=4)
+    for i in range(300):
+        ids = rng.choice(heads) + [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+        seq = Sequence(Request(str(i), ids, SamplingParams()), 8, frozenset())
+        hits = bm.cached_prefix(seq)
+        partial = bm.cached_partial(seq, hits)
+        served = len(hits) * 4 + (partial[1] if partial else 0)
+        assert _cached(ids, cfg, seen) == served, (i, ids)
+        bm.take_prefix(seq, hits, served - len(hits) * 4)
+        assert bm.append_slots(seq, len(ids) - served)
+        seq.num_computed_tokens = len(ids)
+        bm.cache_full_blocks(seq)
 
 
 def test_completion_bound_respects_the_context(job, monkeypatch):

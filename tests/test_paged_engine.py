@@ -112,6 +112,10 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
     # the system prompt head is served from the cache (rows admitted in the same step as the
     # first one cannot hit: blocks are named only once computed)
     assert sum(c >= 96 for c in shared) >= 6, shared
+    # the head goes on into part of a block (the chat template's user turn): those tokens are
+    # copied from a cached block's K/V, not computed (BlockManager.cached_partial)
+    assert sum(c % engine.block_manager.block_size != 0 for c in shared) >= 6, shared
+    assert engine.block_manager.num_partial_tokens > 0
     assert engine.stats.cached_tokens == sum(r.usage.cached_tokens for r in results.values())
     generated = sum(r.usage.completion_tokens for r in results.values())
     assert engine.stats.generated_tokens == generated  # the live progress count, once per token

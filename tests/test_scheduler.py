@@ -124,3 +124,18 @@ def test_shared_head_waits_one_step_for_the_cache():
     batch = s.schedule()
     assert rows(batch) == [(a.seq_id, 1), (b.seq_id, 1)]
     assert b.num_cached_tokens == 4
+
+
+def test_a_partial_head_is_copied_and_not_computed():
+    s = make_sched(block_size=4)
+    a = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    s.add(a)
+    s.postprocess(s.schedule(), [[10]])
+    b = make_seq([1, 2, 3, 4, 5, 6, 70, 80, 90])
+    s.add(b)
+    batch = s.schedule()
+    assert rows(batch)[-1] == (b.seq_id, 3)  # 70, 80, 90: from position 6
+    assert batch.start_positions[-1] == 6
+    assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
+    assert batch.copies == [(a.block_table[1], b.block_table[1], 2)]
+    assert b.num_cached_tokens == 6 and s.num_cached_tokens == 6

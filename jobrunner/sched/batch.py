@@ -19,6 +19,9 @@ class ScheduledBatch:
     start_positions: list[int] = field(default_factory=list)  # num_computed_tokens at schedule
     drafts: list[list[int]] = field(default_factory=list)  # proposed tokens after the known ones
     preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting this step
+    # (source block, destination block, n): partial prefix hits, the first n tokens' K/V of a
+    # cached block copied into a row's own block before the step runs (BlockManager)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_new_tokens: int, draft: list[int] | None = None) -> None:
         self.seqs.append(seq)

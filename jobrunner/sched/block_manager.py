@@ -1,7 +1,12 @@
 """KV-cache blocks: allocation, reference counts and the prefix cache.
 
 A full block is named by a hash chained over its tokens and every token before it, so two
-sequences that share a prompt head share the blocks of that head. A block whose reference
+sequences that share a prompt head share the blocks of that head. Past the last shared full
+block, a head that goes on into part of a block is served too (`cached_partial`): the cached
+block after the same head whose tokens begin the same way is found among the recent children
+of that head (at most CHILDREN_KEPT), and its first tokens' K/V are copied into the
+sequence's own new block (ScheduledBatch.copies), so rows whose shared head ends mid-block (a
+chat template, a fixed instruction) compute none of it. A block whose reference
 count drops to zero keeps its KV and its hash ("evictable") until the space is needed; the
 least recently freed evictable block is evicted first. Blocks that hold nothing worth keeping
 are reused before any cached block, the most recently freed first (its memory is likely still
@@ -19,9 +24,21 @@ from collections import OrderedDict
 
 from jobrunner.sched.sequence import Sequence
 
+# cached blocks indexed under each head (their chain parent) for partial hits, newest kept
+CHILDREN_KEPT = 32
+
 
 def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent, tokens))
+
+
+def common_length(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):  # as far as the shorter goes
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class BlockManager:
@@ -42,10 +59,14 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
+        # chain parent (None: the first block) -> cached blocks after it, oldest first
+        self.children: dict[int | None, list[int]] = {}
+        self.block_parent: list[int | None] = [None] * num_blocks  # of named blocks
         self.recycled: list[int] = []  # freed, holding nothing worth keeping: reused first
         self.high_water = 0  # blocks high_water.. were never handed out
         self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, cached; LRU first
         self.num_hits = 0  # prefix-cache blocks reused
+        self.num_partial_tokens = 0  # tokens copied from cached blocks' heads (partial hits)
         self.num_evictions = 0
 
     # ------------------------------------------------------------------ sizes
@@ -80,6 +101,24 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
+    def cached_partial(self, seq: Sequence, hits: list[int]) -> tuple[int, int] | None:
+        """(cached block, n): the block after the head `hits` whose first n tokens are the
+        sequence's next n, n as large as any recent such block offers, below a block and
+        leaving at least one token to compute; None where no block begins like them."""
+        if not self.enable_prefix_caching:
+            return None
+        bs, start = self.block_size, len(hits) * self.block_size
+        room = min(bs - 1, seq.num_tokens - 1 - start)
+        if room <= 0:
+            return None
+        parent = self.block_hash[hits[-1]] if hits else None
+        want, best, best_n = seq.token_ids[start : start + room], None, 0
+        for block_id in self.children.get(parent, ()):
+            n = common_length(self.block_tokens[block_id], want)
+            if n > best_n:
+                best, best_n = block_id, n
+        return None if best is None else (best, best_n)
+
     def next_block_hash(self, seq: Sequence, num_hits: int) -> int | None:
         """Chained hash of the first block after the cached head, when that block is full."""
         bs = self.block_size
@@ -95,8 +134,10 @@ class BlockManager:
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
         return self.blocks_for(num_tokens) - len(hits) + revived
 
-    def take_prefix(self, seq: Sequence, hits: list[int]) -> None:
-        """Give an empty sequence the cached head blocks `hits` (from cached_prefix)."""
+    def take_prefix(self, seq: Sequence, hits: list[int], partial: int = 0) -> None:
+        """Give an empty sequence the cached head blocks `hits` (from cached_prefix), and count
+        `partial` more tokens computed: the caller has them copied into the block after the
+        head (cached_partial) before any step reads them."""
         assert not seq.block_table, "take_prefix needs a sequence without blocks"
         for block_id in hits:
             if self.ref_counts[block_id] == 0:
@@ -105,7 +146,8 @@ class BlockManager:
             seq.block_table.append(block_id)
             seq.block_hashes.append(self.block_hash[block_id])
         self.num_hits += len(hits)
-        seq.num_computed_tokens = len(hits) * self.block_size
+        self.num_partial_tokens += partial
+        seq.num_computed_tokens = len(hits) * self.block_size + partial
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block while no sequence holds one: they become free blocks that
@@ -116,6 +158,7 @@ class BlockManager:
         self.recycled.extend(self.evictable)  # the most recently freed is reused first
         self.evictable.clear()
         self.hash_to_block.clear()
+        self.children.clear()
         self.block_hash = [None] * self.num_blocks
         self.block_tokens = [None] * self.num_blocks
         return True
@@ -140,8 +183,7 @@ class BlockManager:
             self.high_water += 1
         else:
             block_id, _ = self.evictable.popitem(last=False)
-            del self.hash_to_block[self.block_hash[block_id]]
-            self.block_hash[block_id] = self.block_tokens[block_id] = None
+            self._forget(block_id)
             self.num_evictions += 1
         self.ref_counts[block_id] = 1
         return block_id
@@ -158,9 +200,28 @@ class BlockManager:
             seq.block_hashes.append(h)
             block_id = seq.block_table[i]
             if h not in self.hash_to_block and self.block_hash[block_id] is None:
-                self.hash_to_block[h] = block_id
-                self.block_hash[block_id] = h
-                self.block_tokens[block_id] = tokens
+                self._name(block_id, h, parent, tokens)
+
+    def _name(self, block_id: int, h: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+        self.hash_to_block[h] = block_id
+        self.block_hash[block_id] = h
+        self.block_tokens[block_id] = tokens
+        self.block_parent[block_id] = parent
+        kids = self.children.setdefault(parent, [])
+        kids.append(block_id)
+        if len(kids) > CHILDREN_KEPT:
+            del kids[0]
+
+    def _forget(self, block_id: int) -> None:
+        """An evicted block's name and its place among its parent's children."""
+        del self.hash_to_block[self.block_hash[block_id]]
+        parent = self.block_parent[block_id]
+        kids = self.children.get(parent, [])
+        if block_id in kids:
+            kids.remove(block_id)
+            if not kids:
+                del self.children[parent]
+        self.block_hash[block_id] = self.block_tokens[block_id] = None
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references, tail first, so that shared heads are evicted last."""

@@ -142,21 +142,36 @@ class Scheduler:
             if upcoming is not None and upcoming in computing:
                 break
             computing.add(upcoming)
-            n = min(seq.num_tokens - len(hits) * bm.block_size, budget)
-            need = bm.num_blocks_to_admit(hits, len(hits) * bm.block_size + n)
+            partial = bm.cached_partial(seq, hits)
+            head = len(hits) * bm.block_size + (partial[1] if partial else 0)
+            n = min(seq.num_tokens - head, budget)
+            need = bm.num_blocks_to_admit(hits, head + n)
             if need + self.watermark_blocks > bm.num_free_blocks and (
                 self.running or need > bm.num_free_blocks
             ):
                 break
             heapq.heappop(self.waiting)
-            self._admit(seq, hits, n)
+            self._admit(seq, hits, n, partial, batch)
             batch.add(seq, n)
             budget -= n
 
-    def _admit(self, seq: Sequence, hits: list[int], n: int) -> None:
-        self.block_manager.take_prefix(seq, hits)
+    def _admit(
+        self,
+        seq: Sequence,
+        hits: list[int],
+        n: int,
+        partial: tuple[int, int] | None,
+        batch: ScheduledBatch,
+    ) -> None:
+        """Give seq its cached head and blocks for n more tokens. A partial hit's tokens are
+        copied before the step runs: its source, a cached block with no reference, may be
+        reused by a later admission of this step, but every copy of the step reads its
+        source before any step writes it (ModelRunner.copy_heads)."""
+        self.block_manager.take_prefix(seq, hits, partial[1] if partial else 0)
         ok = self.block_manager.append_slots(seq, n)
         assert ok, "admission checked the free blocks"
+        if partial:
+            batch.copies.append((partial[0], seq.block_table[len(hits)], partial[1]))
         if not seq.admitted:
             seq.admitted = True
             seq.num_cached_tokens = seq.num_computed_tokens

@@ -138,6 +138,7 @@ class PagedEngine(Engine):
         if not len(batch):
             self._fail_unschedulable()
             return
+        self.runner.copy_heads(batch.copies)  # before the step, outside its retries
         out = self._run(batch)
         if out is not None:
             tokens, finite = out

@@ -122,6 +122,25 @@ class ModelRunner:
                 batch.seqs[row].sampler.accept(kept, [logprobs[j] for j in js[: len(kept)]])
         return tokens, ok
 
+    def copy_heads(self, copies: list[tuple[int, int, int]]) -> None:
+        """Partial prefix hits (ScheduledBatch.copies): the first n tokens' K/V of each source
+        block into its destination, every layer. All sources are read before any destination
+        is written, as the scheduler's order of admissions needs."""
+        if not copies:
+            return
+        bs, src, dst = self.kv.block_size, [], []
+        for s, d, n in copies:
+            src += range(s * bs, s * bs + n)
+            dst += range(d * bs, d * bs + n)
+        src_t, dst_t = self._tensor(src), self._tensor(dst)
+        for pair in self.kv.layers:
+            for cache in pair:
+                for t in (
+                    (cache,) if isinstance(cache, torch.Tensor) else (cache.codes, cache.scales)
+                ):
+                    flat = t.view(t.shape[0], -1, t.shape[-1])  # (nkv, slots, hd)
+                    flat.index_copy_(1, dst_t, flat.index_select(1, src_t))
+
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         t, n = inputs.meta.triton, inputs.input_ids.shape[0]
         replay = (
