@@ -139,3 +139,15 @@ def test_a_partial_head_is_copied_and_not_computed():
     assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
     assert batch.copies == [(a.block_table[1], b.block_table[1], 2)]
     assert b.num_cached_tokens == 6 and s.num_cached_tokens == 6
+
+
+def test_a_row_held_for_a_shared_head_lets_the_rows_after_it_in():
+    s = make_sched(block_size=2)
+    a, b, c = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 7]), make_seq([8, 9, 10, 11])
+    for x in (a, b, c):
+        s.add(x)
+    batch = s.schedule()
+    assert batch.seqs == [a, c]  # b waits for a's head; c, behind it, does not
+    s.postprocess(batch, [[6], [12]])
+    batch = s.schedule()
+    assert batch.seqs[-1] is b and b.num_cached_tokens == 4

@@ -27,6 +27,10 @@ from jobrunner.sched.draft import NgramDrafter
 from jobrunner.sched.sequence import Sequence, SequenceStatus
 from jobrunner.types import FinishReason
 
+# waiting rows held back in one step (their shared head computed in it by a row admitted
+# before them) past which admission stops: a queue of rows all behind one head is not scanned
+HOLD_SCAN = 64
+
 
 def _rank(seq: Sequence) -> tuple[int, int]:
     return (-seq.priority, seq.seq_id)
@@ -129,9 +133,12 @@ class Scheduler:
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         """Admit in queue order. A sequence whose next uncached block is being computed in this
-        very step by a sequence admitted before it waits one step, then hits the cache."""
+        very step by a sequence admitted before it is held back one step, then hits the cache;
+        the ones after it are still admitted (up to HOLD_SCAN held rows a step), so a step is
+        not cut short where a new shared head begins."""
         bm = self.block_manager
         computing: set[int] = set()  # hashes of the first uncached block of admitted sequences
+        held: list[tuple[int, int, Sequence]] = []  # waiting entries set aside for this step
         while self.waiting and budget > 0 and len(batch) < self.max_num_seqs:
             seq = self.waiting[0][2]
             if seq.is_finished:  # aborted while waiting
@@ -140,7 +147,10 @@ class Scheduler:
             hits = bm.cached_prefix(seq)
             upcoming = bm.next_block_hash(seq, len(hits))
             if upcoming is not None and upcoming in computing:
-                break
+                held.append(heapq.heappop(self.waiting))
+                if len(held) >= HOLD_SCAN:
+                    break
+                continue
             computing.add(upcoming)
             partial = bm.cached_partial(seq, hits)
             head = len(hits) * bm.block_size + (partial[1] if partial else 0)
@@ -154,6 +164,8 @@ class Scheduler:
             self._admit(seq, hits, n, partial, batch)
             batch.add(seq, n)
             budget -= n
+        for entry in held:
+            heapq.heappush(self.waiting, entry)
 
     def _admit(
         self,
