@@ -27,7 +27,7 @@ from jobrunner.engine.samples import num_runs
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
-from jobrunner.sched.block_manager import CHILDREN_KEPT
+from jobrunner.sched.block_manager import CHILDREN_KEPT, min_partial
 from jobrunner.telemetry.device import detect_device
 from jobrunner.telemetry.prices import api_equivalent, api_prices, device_rate, price_warnings
 from jobrunner.telemetry.profile import DeviceProfile, load_profile, profile_key
@@ -114,8 +114,13 @@ def _is_choice(item: Any) -> bool:
 @dataclass
 class SeenBlocks:
     """The full blocks of the prompts scanned so far, as a never-evicting prefix cache names
-    them, and the newest blocks after each head, 4 bytes a token (the block manager's rules,
-    sched/block_manager.py; bytes hold a block in a tenth of a tuple of ints' memory)."""
+    them, and blocks that follow a head, 4 bytes a token, for partial hits (the block
+    manager's rules, sched/block_manager.py), over prompts only (a run also names blocks its
+    rows' outputs fill). Only a row's first block past its hits joins its head's children (the
+    newest CHILDREN_KEPT a head), so memory grows by at most one block a row; the first row to
+    stop after a head finds none there, where a run may serve it part of a block an earlier
+    row made. And rows a run admits in one step find no part of a block another of them makes
+    in it (a full block they wait for): here they do."""
 
     hashes: set[int] = field(default_factory=set)
     children: dict[int | None, list[bytes]] = field(default_factory=dict)
@@ -131,21 +136,23 @@ class SeenBlocks:
         room = min(bs - 1, len(ids) - 1 - hits)
         want = raw[4 * hits : 4 * (hits + room)]
         partial = max((_common(c, want) for c in self.children.get(parent, ())), default=0)
-        self._add(raw, len(ids) // bs, bs)
+        partial = partial if partial >= min_partial(bs) else 0
+        self._add(raw, range(hits // bs, len(ids) // bs), bs, parent)
         return hits + partial
 
-    def _add(self, raw: bytes, blocks: int, bs: int) -> None:
-        parent = None
-        for i in range(blocks):
+    def _add(self, raw: bytes, blocks: range, bs: int, parent: int | None) -> None:
+        """The row's full blocks past its hits (`blocks`, after the head `parent`); the first
+        of them joins that head's children."""
+        for i in blocks:
             block = raw[4 * bs * i : 4 * bs * (i + 1)]
-            h = hash((parent, block))
-            if h not in self.hashes:
-                self.hashes.add(h)
+            if i == blocks.start:
                 kids = self.children.setdefault(parent, [])
-                kids.append(block)
-                if len(kids) > CHILDREN_KEPT:
-                    del kids[0]
-            parent = h
+                if block not in kids:
+                    kids.append(block)
+                    if len(kids) > CHILDREN_KEPT:
+                        del kids[0]
+            parent = hash((parent, block))
+            self.hashes.add(parent)
 
 
 def _common(block: bytes, want: bytes) -> int:
@@ -161,9 +168,10 @@ def _common(block: bytes, want: bytes) -> int:
 
 
 def _cached(ids: list[int], cfg: JobConfig, seen: SeenBlocks) -> int:
-    """Prompt tokens a never-evicting prefix cache holding `seen` would serve, as the block
-    manager does: the full blocks of a cached head, then the part of the next block that a
-    cached block after the same head begins with; this prompt's blocks are added to `seen`.
+    """Prompt tokens a never-evicting prefix cache holding `seen` would serve, by the block
+    manager's rules (as near as SeenBlocks follows them): the full blocks of a cached head, then
+    the part of the next block that a cached block after the same head begins with; this
+    prompt's blocks are added to `seen`.
 
     Rows admitted together share full blocks too: the scheduler holds back a row whose next
     uncached block an earlier row computes in the same step, and it hits the cache one step

@@ -151,3 +151,20 @@ def test_a_row_held_for_a_shared_head_lets_the_rows_after_it_in():
     s.postprocess(batch, [[6], [12]])
     batch = s.schedule()
     assert batch.seqs[-1] is b and b.num_cached_tokens == 4
+
+
+def test_rows_behind_a_held_row_take_neither_its_place_nor_its_blocks():
+    s = make_sched(num_blocks=16, block_size=4)
+    a, b = make_seq([1, 2, 3, 4, 5], priority=1), make_seq([1, 2, 3, 4, 6], priority=1)
+    c = make_seq(list(range(100, 120)), priority=0)
+    for x in (a, b, c):
+        s.add(x)
+    assert s.schedule().seqs == [a]  # b waits for a's head; c, of lower priority, behind it
+    s = make_sched(num_blocks=6, block_size=4)
+    a, b, c = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 6]), make_seq(range(100, 116))
+    for x in (a, b, c):
+        s.add(x)
+    batch = s.schedule()
+    assert batch.seqs == [a]  # c's 4 blocks would leave none for b's own
+    s.postprocess(batch, [[7]])
+    assert s.schedule().seqs == [a, b]

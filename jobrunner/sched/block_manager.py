@@ -28,6 +28,13 @@ from jobrunner.sched.sequence import Sequence
 CHILDREN_KEPT = 32
 
 
+def min_partial(block_size: int) -> int:
+    """Fewest tokens a partial hit serves (a quarter block): below that they are computed, as
+    a copy costs a few small operations a layer per step, which a token or two does not repay
+    (nor does a shared BOS token alone)."""
+    return max(1, block_size // 4)
+
+
 def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent, tokens))
 
@@ -104,7 +111,8 @@ class BlockManager:
     def cached_partial(self, seq: Sequence, hits: list[int]) -> tuple[int, int] | None:
         """(cached block, n): the block after the head `hits` whose first n tokens are the
         sequence's next n, n as large as any recent such block offers, below a block and
-        leaving at least one token to compute; None where no block begins like them."""
+        leaving at least one token to compute; None where no block begins with min_partial
+        of them."""
         if not self.enable_prefix_caching:
             return None
         bs, start = self.block_size, len(hits) * self.block_size
@@ -117,7 +125,7 @@ class BlockManager:
             n = common_length(self.block_tokens[block_id], want)
             if n > best_n:
                 best, best_n = block_id, n
-        return None if best is None else (best, best_n)
+        return None if best_n < min_partial(bs) else (best, best_n)
 
     def next_block_hash(self, seq: Sequence, num_hits: int) -> int | None:
         """Chained hash of the first block after the cached head, when that block is full."""
@@ -221,7 +229,7 @@ class BlockManager:
             kids.remove(block_id)
             if not kids:
                 del self.children[parent]
-        self.block_hash[block_id] = self.block_tokens[block_id] = None
+        self.block_hash[block_id] = self.block_tokens[block_id] = self.block_parent[block_id] = None
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references, tail first, so that shared heads are evicted last."""

@@ -3,7 +3,10 @@
 Each step spends a token budget (`max_batch_tokens`) over at most `max_num_seqs` sequences:
 running sequences first (one decode token each, or the next chunk of a long prompt), then
 waiting sequences are admitted, highest priority and oldest first, while KV blocks and budget
-remain. A long prompt is prefilled in chunks mixed with the other rows' decode tokens.
+remain. A long prompt is prefilled in chunks mixed with the other rows' decode tokens. A row
+whose next prompt block an earlier row computes in the same step waits one step for it (then
+a prefix-cache hit); rows of its priority behind it are admitted meanwhile, in the blocks it
+leaves for itself.
 
 With `speculative_tokens` k > 0, a greedy row that is generating (and whose logits processors
 allow drafts) also computes up to k draft
@@ -29,7 +32,7 @@ from jobrunner.types import FinishReason
 
 # waiting rows held back in one step (their shared head computed in it by a row admitted
 # before them) past which admission stops: a queue of rows all behind one head is not scanned
-HOLD_SCAN = 64
+HOLD_SCAN = 16
 
 
 def _rank(seq: Sequence) -> tuple[int, int]:
@@ -134,20 +137,25 @@ class Scheduler:
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         """Admit in queue order. A sequence whose next uncached block is being computed in this
         very step by a sequence admitted before it is held back one step, then hits the cache;
-        the ones after it are still admitted (up to HOLD_SCAN held rows a step), so a step is
-        not cut short where a new shared head begins."""
+        the ones of its priority after it are still admitted (up to HOLD_SCAN held rows a step),
+        in the free blocks less those the held rows' prompts need, so a step is not cut short
+        where a new shared head begins and no held row finds its blocks taken."""
         bm = self.block_manager
         computing: set[int] = set()  # hashes of the first uncached block of admitted sequences
         held: list[tuple[int, int, Sequence]] = []  # waiting entries set aside for this step
+        reserved = 0  # blocks the held rows' prompts need
         while self.waiting and budget > 0 and len(batch) < self.max_num_seqs:
             seq = self.waiting[0][2]
             if seq.is_finished:  # aborted while waiting
                 heapq.heappop(self.waiting)
                 continue
+            if held and seq.priority < held[0][2].priority:
+                break  # no lower priority ahead of a held row
             hits = bm.cached_prefix(seq)
             upcoming = bm.next_block_hash(seq, len(hits))
             if upcoming is not None and upcoming in computing:
                 held.append(heapq.heappop(self.waiting))
+                reserved += bm.blocks_for(seq.num_tokens) - len(hits) - 1  # it will hit one
                 if len(held) >= HOLD_SCAN:
                     break
                 continue
@@ -155,7 +163,7 @@ class Scheduler:
             partial = bm.cached_partial(seq, hits)
             head = len(hits) * bm.block_size + (partial[1] if partial else 0)
             n = min(seq.num_tokens - head, budget)
-            need = bm.num_blocks_to_admit(hits, head + n)
+            need = bm.num_blocks_to_admit(hits, head + n) + reserved
             if need + self.watermark_blocks > bm.num_free_blocks and (
                 self.running or need > bm.num_free_blocks
             ):
