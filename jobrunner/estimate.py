@@ -11,6 +11,7 @@ the upper bound. The estimate is saved as <output.path>/estimate.json; the repor
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import struct
@@ -123,7 +124,9 @@ class SeenBlocks:
     in it (a full block they wait for): here they do."""
 
     hashes: set[int] = field(default_factory=set)
-    children: dict[int | None, list[bytes]] = field(default_factory=dict)
+    # a head -> its children, newest last, and the same sorted: the child sharing the most
+    # bytes (so tokens) with a row is a neighbour of where the row's bytes go in that order
+    children: dict[int | None, tuple[list[bytes], list[bytes]]] = field(default_factory=dict)
 
     def served(self, ids: list[int], bs: int) -> int:
         """Prompt tokens of `ids` the cache would serve; then its blocks join the cache."""
@@ -135,7 +138,7 @@ class SeenBlocks:
             parent, hits = h, hits + bs
         room = min(bs - 1, len(ids) - 1 - hits)
         want = raw[4 * hits : 4 * (hits + room)]
-        partial = max((_common(c, want) for c in self.children.get(parent, ())), default=0)
+        partial = self._partial(parent, want)
         partial = partial if partial >= min_partial(bs) else 0
         self._add(raw, range(hits // bs, len(ids) // bs), bs, parent)
         return hits + partial
@@ -146,13 +149,25 @@ class SeenBlocks:
         for i in blocks:
             block = raw[4 * bs * i : 4 * bs * (i + 1)]
             if i == blocks.start:
-                kids = self.children.setdefault(parent, [])
-                if block not in kids:
-                    kids.append(block)
-                    if len(kids) > CHILDREN_KEPT:
-                        del kids[0]
+                self._child(parent, block)
             parent = hash((parent, block))
             self.hashes.add(parent)
+
+    def _child(self, parent: int | None, block: bytes) -> None:
+        newest, ordered = self.children.setdefault(parent, ([], []))
+        at = bisect.bisect_left(ordered, block)
+        if at < len(ordered) and ordered[at] == block:
+            return
+        ordered.insert(at, block)
+        newest.append(block)
+        if len(newest) > CHILDREN_KEPT:
+            ordered.remove(newest.pop(0))
+
+    def _partial(self, parent: int | None, want: bytes) -> int:
+        """The most tokens at the head of `want` that a child of `parent` begins with."""
+        _, ordered = self.children.get(parent, ((), []))
+        at = bisect.bisect_left(ordered, want)
+        return max((_common(c, want) for c in ordered[max(0, at - 1) : at + 1]), default=0)
 
 
 def _common(block: bytes, want: bytes) -> int:

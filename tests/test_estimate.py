@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from jobrunner.cli import app
 from jobrunner.config import JobConfig
 from jobrunner.estimate import SeenBlocks, _cached
+from jobrunner.sched.block_manager import CHILDREN_KEPT, common_length
 
 PROMPTS = [
     "What is a Python list?",
@@ -271,3 +273,18 @@ def test_a_fresh_interpreter_times_the_imports_a_run_counts_in_its_load():
 
     seconds = fresh_import_seconds()
     assert seconds is not None and seconds > 0
+
+
+def test_the_child_sharing_most_tokens_is_found_among_many():
+    """SeenBlocks looks at two neighbours in sorted order, not every child: the answer must be
+    the brute-force best, token ids of several bytes included."""
+    rng = random.Random(3)
+    for _ in range(200):
+        seen = SeenBlocks()
+        blocks = [[rng.choice([1, 2, 256, 513, 70000]) for _ in range(8)] for _ in range(20)]
+        for b in blocks:
+            seen._add(array("I", b).tobytes(), range(0, 1), 8, None)
+        want = [rng.choice([1, 2, 256, 513, 70000]) for _ in range(7)]
+        kept = blocks[-CHILDREN_KEPT:]
+        best = max(common_length(tuple(b), want) for b in kept)
+        assert seen._partial(None, array("I", want).tobytes()) == best
