@@ -226,16 +226,20 @@ def bench_shared(runs: Runs, args, table: Table) -> None:
 
 def prefill_flops(cfg, prompts: list[list[int]]) -> float:
     """FLOPs of prefilling `prompts` (from position 0): every layer's linears, causal attention
-    (QK^T and PV over the positions each token sees), the lm_head once a row."""
+    (QK^T and PV over the positions each token sees), the lm_head once a row; the last layer's
+    o_proj and MLP for the last token only (nothing reads the other rows' outputs, and the
+    engine does not compute them: PagedCausalLM._layers)."""
     d, layers = cfg.hidden_size, cfg.num_hidden_layers
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = getattr(cfg, "head_dim", None) or d // nh
-    linear = d * (nh + 2 * nkv) * hd + nh * hd * d + 3 * d * cfg.intermediate_size
+    qkv = d * (nh + 2 * nkv) * hd
+    rest = nh * hd * d + 3 * d * cfg.intermediate_size  # o_proj, gate/up, down
     total = 0.0
     for ids in prompts:
         n = len(ids)
-        total += layers * (2 * linear * n + 4 * nh * hd * n * (n + 1) / 2) + 2 * d * cfg.vocab_size
+        linears = layers * qkv * n + ((layers - 1) * n + 1) * rest
+        total += 2 * linears + layers * 4 * nh * hd * n * (n + 1) / 2 + 2 * d * cfg.vocab_size
     return total
 
 
