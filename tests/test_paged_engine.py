@@ -293,9 +293,11 @@ def test_slots_never_written_are_never_read(
 
 def test_the_last_layer_runs_on_only_the_rows_whose_output_is_wanted(loaded, prompts, monkeypatch):
     """A prefill step's last layer writes every row's K/V but takes only the rows whose next
-    token is sampled through o_proj and the MLP: the same bits for those rows as running all of
-    them, and none at all for a step of chunks that end before their prompts do."""
+    token is sampled through o_proj and the MLP (and, under the CPU prefill kernel, attention):
+    the same bits for those rows as running all of them, and none at all for a step of chunks
+    that end before their prompts do."""
     from jobrunner.engine.embed.decoder import PagedPrefill
+    from jobrunner.engine.paged import attention
 
     seqs = prompts[10:14]
     pp = PagedPrefill(loaded.model, 4096, 4096, 16)
@@ -312,12 +314,23 @@ def test_the_last_layer_runs_on_only_the_rows_whose_output_is_wanted(loaded, pro
         return real(out, mod, x)
 
     monkeypatch.setattr(m, "_add_linear", spy)
+    queries = []  # query rows of each prefill kernel call
+    kernel = cpu_kernels.paged_prefill
+
+    def counted(q, *args):
+        queries.append(q.shape[0])
+        return kernel(q, *args)
+
+    monkeypatch.setattr(attention.cpu_kernels, "paged_prefill", counted)
     every = m.hidden_states(ids, pos, pp._metadata(lens), pp.kv.layers)
     assert seen == [sum(lens)] * 2
     seen.clear()
+    queries.clear()
     got = m.hidden_states(ids, pos, pp._metadata(lens), pp.kv.layers, wanted)
     assert seen == [len(seqs)] * 2
     assert torch.equal(got, every[wanted])
+    if pp.prefill_kernel:  # the last layer's four chunks attend for their last rows alone
+        assert queries[-len(seqs) :] == [1] * len(seqs) and queries[: len(seqs)] == lens
     seen.clear()
     none = m.hidden_states(ids, pos, pp._metadata(lens), pp.kv.layers, wanted[:0])
     assert none.shape == (0, every.shape[1]) and seen == []

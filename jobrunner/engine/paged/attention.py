@@ -22,6 +22,7 @@ The metadata is built once per step and shared by every layer.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import torch
@@ -84,7 +85,8 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     written: bool = False,  # the new K/V are in the cache already (cpu_kernels.rope_kv_write_)
-) -> torch.Tensor:  # (T, nh * hd)
+    rows: list[int] | None = None,  # sorted token rows whose outputs are read; None: all
+) -> torch.Tensor:  # (T, nh * hd); under the CPU prefill kernel, rows not in `rows` unset
     if not written:
         _write_new(k, v, k_cache, v_cache, meta)
     if meta.triton is not None:
@@ -96,14 +98,24 @@ def paged_attention(
         out[g.start : g.end] = _decode(q[g.start : g.end], k_cache, v_cache, g, scale)
     for p in meta.prefills:
         if meta.prefill_kernel:
-            past = p.context_len - (p.end - p.start)
-            qp, op = q[p.start : p.end], out[p.start : p.end]
-            got = cpu_kernels.paged_prefill(qp, k_cache, v_cache, p.block_ids, past, scale, op)
-            if got is not op:  # not float32: written elsewhere
-                op.copy_(got)
+            for a, b in _wanted_spans(p, rows):
+                past = p.context_len - (p.end - a)  # the position of row a
+                qp, op = q[a:b], out[a:b]
+                got = cpu_kernels.paged_prefill(qp, k_cache, v_cache, p.block_ids, past, scale, op)
+                if got is not op:  # not float32: written elsewhere
+                    op.copy_(got)
         else:
             out[p.start : p.end] = _prefill(q, k, v, k_cache, v_cache, p, scale)
     return out.view(q.shape[0], -1)
+
+
+def _wanted_spans(p: PrefillChunk, rows: list[int] | None) -> list[tuple[int, int]]:
+    """The chunk's token rows to attend for: all of them, or each wanted one alone (a 1-row
+    chunk at its own position reads the context the whole chunk's row would)."""
+    if rows is None:
+        return [(p.start, p.end)]
+    lo, hi = bisect.bisect_left(rows, p.start), bisect.bisect_left(rows, p.end)
+    return [(r, r + 1) for r in rows[lo:hi]]
 
 
 def _write_new(k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:

@@ -198,8 +198,10 @@ class PagedCausalLM:
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if self.stopping():
                 raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
-            o = self._attention(i, layer, h, rope, meta, k_cache, v_cache)
-            if i == last and out_rows is not None and out_rows.shape[0] < h.shape[0]:
+            prune = i == last and out_rows is not None and out_rows.shape[0] < h.shape[0]
+            rows = sorted(out_rows.tolist()) if prune else None  # attended for (CPU prefill)
+            o = self._attention(i, layer, h, rope, meta, k_cache, v_cache, rows)
+            if prune:
                 h, o, out_rows = h[out_rows], o[out_rows], None  # (R, D), (R, nh * hd)
                 if h.shape[0] == 0:  # a step of prompt chunks that end before their prompts
                     return h
@@ -269,8 +271,9 @@ class PagedCausalLM:
             return None
         return gated(x, fused[1], fused[2])
 
-    def _attention(self, i, layer, h, rope, meta, k_cache, v_cache) -> torch.Tensor:
-        """The layer's attention output (T, nh * hd), before o_proj."""
+    def _attention(self, i, layer, h, rope, meta, k_cache, v_cache, rows=None) -> torch.Tensor:
+        """The layer's attention output (T, nh * hd), before o_proj: for the token rows `rows`
+        only, where given (the others may be left unset; every row's K/V are written)."""
         attn, T = layer.self_attn, h.shape[0]
         mods = [attn.q_proj, attn.k_proj, attn.v_proj]
         x = self._norm(layer.input_layernorm, h, self._rounds(self.qkv[i], mods))
@@ -291,7 +294,7 @@ class PagedCausalLM:
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
             q, k = self._rotate(q.contiguous(), rope), self._rotate(k.contiguous(), rope)
-        return paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, written)
+        return paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, written, rows)
 
     def _rotate_and_write(self, qkv: torch.Tensor, rope, meta, k_cache, v_cache) -> bool:
         """q and k rotated in place and the new K/V written to the cache in one pass, where the
