@@ -188,9 +188,8 @@ def _cached(ids: list[int], cfg: JobConfig, seen: SeenBlocks) -> int:
     the part of the next block that a cached block after the same head begins with; this
     prompt's blocks are added to `seen`.
 
-    Rows admitted together share full blocks too: the scheduler holds back a row whose next
-    uncached block an earlier row computes in the same step, and it hits the cache one step
-    later.
+    Rows admitted together share full blocks too: a row takes the blocks an earlier row
+    computes whole in the same step (sched/step_blocks.py).
     """
     if not cfg.engine.prefix_caching:
         return 0

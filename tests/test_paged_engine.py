@@ -109,9 +109,9 @@ def test_greedy_matches_hf_with_chunks_and_prefix_hits(loaded, prompts, referenc
     results = run(engine, requests(prompts))
     assert_matches(results, reference)
     shared = [results[str(i)].usage.cached_tokens for i in range(20, 32)]
-    # the system prompt head is served from the cache (rows admitted in the same step as the
-    # first one cannot hit: blocks are named only once computed)
-    assert sum(c >= 96 for c in shared) >= 6, shared
+    # the system prompt head is computed once: from the cache, or shared in the step that
+    # computes it (sched/step_blocks.py)
+    assert sum(c >= 96 for c in shared) >= 11, shared
     # the head goes on into part of a block (the chat template's user turn): those tokens are
     # copied from a cached block's K/V, not computed (BlockManager.cached_partial)
     assert sum(c % engine.block_manager.block_size != 0 for c in shared) >= 6, shared
@@ -354,7 +354,8 @@ def test_the_real_model_runs_the_one_pass_norm_and_gated_silu(loaded, prompts, m
     engine = make_engine(loaded, 64 << 20)
     run(engine, requests(prompts[:2]))
     layers = len(engine.model.layers)
-    assert calls["silu_mul"] >= 2 * layers and calls["rms_norm"] >= 4 * layers, calls
+    # one prefill step (the two rows share their head within it) through every layer
+    assert calls["silu_mul"] >= layers and calls["rms_norm"] >= 2 * layers, calls
 
 
 def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypatch):

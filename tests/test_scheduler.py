@@ -113,19 +113,6 @@ def test_prefix_hit_counts_cached_tokens():
     assert b.block_table[:2] == a.block_table[:2]
 
 
-def test_shared_head_waits_one_step_for_the_cache():
-    s = make_sched(block_size=2)
-    a, b = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 7])
-    s.add(a)
-    s.add(b)
-    batch = s.schedule()
-    assert batch.seqs == [a]  # b's head is being computed by a in this step
-    s.postprocess(batch, [[6]])
-    batch = s.schedule()
-    assert rows(batch) == [(a.seq_id, 1), (b.seq_id, 1)]
-    assert b.num_cached_tokens == 4
-
-
 def test_a_partial_head_is_copied_and_not_computed():
     s = make_sched(block_size=4)
     a = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9])
@@ -141,30 +128,50 @@ def test_a_partial_head_is_copied_and_not_computed():
     assert b.num_cached_tokens == 6 and s.num_cached_tokens == 6
 
 
-def test_a_row_held_for_a_shared_head_lets_the_rows_after_it_in():
+def two_rows_one_head(s: Scheduler):
+    """Two rows whose prompts share [1, 2, 3, 4] (two blocks of 2), added; the first step."""
+    a, b = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 7])
+    s.add(a)
+    s.add(b)
+    return a, b, s.schedule()
+
+
+def test_a_head_computed_in_the_step_is_shared_in_it():
     s = make_sched(block_size=2)
-    a, b, c = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 7]), make_seq([8, 9, 10, 11])
-    for x in (a, b, c):
-        s.add(x)
-    batch = s.schedule()
-    assert batch.seqs == [a, c]  # b waits for a's head; c, behind it, does not
-    s.postprocess(batch, [[6], [12]])
-    batch = s.schedule()
-    assert batch.seqs[-1] is b and b.num_cached_tokens == 4
+    a, b, batch = two_rows_one_head(s)
+    # a computes [1, 2] [3, 4] whole in this step: b attends to them and computes only 7
+    assert rows(batch) == [(a.seq_id, 5), (b.seq_id, 1)] and batch.start_positions[1] == 4
+    assert b.block_table[:2] == a.block_table[:2] and batch.sharing == [b]
+    assert b.num_cached_tokens == 4
+    assert s.block_manager.ref_counts[a.block_table[0]] == 2
+    s.postprocess(batch, [[6], [8]])
+    assert len(b.block_hashes) == 2  # its own next blocks chain on from the shared ones
 
 
-def test_rows_behind_a_held_row_take_neither_its_place_nor_its_blocks():
-    s = make_sched(num_blocks=16, block_size=4)
-    a, b = make_seq([1, 2, 3, 4, 5], priority=1), make_seq([1, 2, 3, 4, 6], priority=1)
-    c = make_seq(list(range(100, 120)), priority=0)
-    for x in (a, b, c):
-        s.add(x)
-    assert s.schedule().seqs == [a]  # b waits for a's head; c, of lower priority, behind it
-    s = make_sched(num_blocks=6, block_size=4)
-    a, b, c = make_seq([1, 2, 3, 4, 5]), make_seq([1, 2, 3, 4, 6]), make_seq(range(100, 116))
-    for x in (a, b, c):
-        s.add(x)
+def test_a_step_that_does_not_run_sends_the_rows_that_shared_in_it_back():
+    s = make_sched(block_size=2)
+    a, b, batch = two_rows_one_head(s)
+    s.abandon(batch)  # out of memory: a's blocks were never computed
+    assert b.status is SequenceStatus.WAITING and b.block_table == []
+    assert s.block_manager.ref_counts[a.block_table[0]] == 1
+    assert rows(s.schedule()) == [(a.seq_id, 5), (b.seq_id, 1)]
+
+
+def test_rows_admitted_after_a_running_row_share_its_next_chunk():
+    s = make_sched(block_size=2, max_batch_tokens=6)
+    a = make_seq(range(1, 11))
+    s.add(a)
+    s.postprocess(s.schedule(), [None])  # a's first 6 tokens: blocks 0-2 named
+    b = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 99])
+    s.add(b)
     batch = s.schedule()
-    assert batch.seqs == [a]  # c's 4 blocks would leave none for b's own
-    s.postprocess(batch, [[7]])
-    assert s.schedule().seqs == [a, b]
+    # a computes 7..10 (blocks 3 and 4 whole); b hits blocks 0-2 and shares block 3
+    assert rows(batch) == [(a.seq_id, 4), (b.seq_id, 1)]
+    assert b.block_table[:4] == a.block_table[:4] and b.num_cached_tokens == 8
+
+
+def test_no_block_is_shared_with_the_prefix_cache_off():
+    bm = BlockManager(16, 2, enable_prefix_caching=False)
+    s = Scheduler(bm, 8, 100, max_model_len=1000)
+    a, b, batch = two_rows_one_head(s)
+    assert rows(batch) == [(a.seq_id, 5), (b.seq_id, 5)] and not batch.sharing

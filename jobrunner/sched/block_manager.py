@@ -127,35 +127,34 @@ class BlockManager:
                 best, best_n = block_id, n
         return None if best_n < min_partial(bs) else (best, best_n)
 
-    def next_block_hash(self, seq: Sequence, num_hits: int) -> int | None:
-        """Chained hash of the first block after the cached head, when that block is full."""
-        bs = self.block_size
-        if not self.enable_prefix_caching or (num_hits + 1) * bs > seq.num_tokens - 1:
-            return None
-        parent = None
-        for i in range(num_hits + 1):
-            parent = chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
-        return parent
-
-    def num_blocks_to_admit(self, hits: list[int], num_tokens: int) -> int:
-        """Free blocks that admitting with `hits` and `num_tokens` tokens in all would use."""
+    def num_blocks_to_admit(self, hits: list[int], num_tokens: int, shared: int = 0) -> int:
+        """Free blocks that admitting with `hits` (and `shared` blocks another row holds) and
+        `num_tokens` tokens in all would use."""
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
-        return self.blocks_for(num_tokens) - len(hits) + revived
+        return self.blocks_for(num_tokens) - len(hits) - shared + revived
 
-    def take_prefix(self, seq: Sequence, hits: list[int], partial: int = 0) -> None:
-        """Give an empty sequence the cached head blocks `hits` (from cached_prefix), and count
-        `partial` more tokens computed: the caller has them copied into the block after the
-        head (cached_partial) before any step reads them."""
+    def take_prefix(
+        self,
+        seq: Sequence,
+        hits: list[int],
+        partial: int = 0,
+        shared: list[tuple[int, int]] | None = None,
+    ) -> None:
+        """Give an empty sequence the cached head blocks `hits` (from cached_prefix), then the
+        blocks `shared` ((block id, chained hash) each: blocks another row computes in this
+        step, sched/step_blocks.py), and count `partial` more tokens computed: the caller has
+        them copied into the block after the head (cached_partial) before any step reads them."""
         assert not seq.block_table, "take_prefix needs a sequence without blocks"
-        for block_id in hits:
+        held = [(b, self.block_hash[b]) for b in hits] + (shared or [])
+        for block_id, h in held:
             if self.ref_counts[block_id] == 0:
                 del self.evictable[block_id]
             self.ref_counts[block_id] += 1
             seq.block_table.append(block_id)
-            seq.block_hashes.append(self.block_hash[block_id])
+            seq.block_hashes.append(h)
         self.num_hits += len(hits)
         self.num_partial_tokens += partial
-        seq.num_computed_tokens = len(hits) * self.block_size + partial
+        seq.num_computed_tokens = len(held) * self.block_size + partial
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block while no sequence holds one: they become free blocks that

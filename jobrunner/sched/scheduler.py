@@ -4,9 +4,8 @@ Each step spends a token budget (`max_batch_tokens`) over at most `max_num_seqs`
 running sequences first (one decode token each, or the next chunk of a long prompt), then
 waiting sequences are admitted, highest priority and oldest first, while KV blocks and budget
 remain. A long prompt is prefilled in chunks mixed with the other rows' decode tokens. A row
-whose next prompt block an earlier row computes in the same step waits one step for it (then
-a prefix-cache hit); rows of its priority behind it are admitted meanwhile, in the blocks it
-leaves for itself.
+takes, after its cached head, the full blocks that rows before it compute whole in the same
+step (sched/step_blocks.py): a head shared by rows admitted together is computed once.
 
 With `speculative_tokens` k > 0, a greedy row that is generating (and whose logits processors
 allow drafts) also computes up to k draft
@@ -28,11 +27,8 @@ from jobrunner.sched.batch import ScheduledBatch
 from jobrunner.sched.block_manager import BlockManager
 from jobrunner.sched.draft import NgramDrafter
 from jobrunner.sched.sequence import Sequence, SequenceStatus
+from jobrunner.sched.step_blocks import StepBlocks
 from jobrunner.types import FinishReason
-
-# waiting rows held back in one step (their shared head computed in it by a row admitted
-# before them) past which admission stops: a queue of rows all behind one head is not scanned
-HOLD_SCAN = 16
 
 
 def _rank(seq: Sequence) -> tuple[int, int]:
@@ -81,12 +77,14 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self._schedule_running(batch, self.max_batch_tokens)
+        bm = self.block_manager
+        step = StepBlocks(bm.block_size, bm.enable_prefix_caching)
+        budget = self._schedule_running(batch, self.max_batch_tokens, step)
         if not batch.preempted:
-            self._admit_waiting(batch, budget)
+            self._admit_waiting(batch, budget, step)
         return batch
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+    def _schedule_running(self, batch: ScheduledBatch, budget: int, step: StepBlocks) -> int:
         i = 0
         while i < len(self.running) and budget > 0 and len(batch) < self.max_num_seqs:
             seq = self.running[i]
@@ -96,6 +94,7 @@ class Scheduler:
                 draft = []  # drafts never preempt: this row decodes one token
             if self._make_room(seq, n + len(draft), batch):
                 batch.add(seq, n + len(draft), draft)
+                step.note_running(seq, n)
                 budget -= n + len(draft)
                 i += 1
         return budget
@@ -134,46 +133,31 @@ class Scheduler:
         self.num_preemptions += 1
         self.add(seq)
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        """Admit in queue order. A sequence whose next uncached block is being computed in this
-        very step by a sequence admitted before it is held back one step, then hits the cache;
-        the ones of its priority after it are still admitted (up to HOLD_SCAN held rows a step),
-        in the free blocks less those the held rows' prompts need, so a step is not cut short
-        where a new shared head begins and no held row finds its blocks taken."""
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int, step: StepBlocks) -> None:
+        """Admit in queue order. A sequence takes, after its cached head, the full blocks that
+        rows before it compute whole in this very step (`step`, sched/step_blocks.py)."""
         bm = self.block_manager
-        computing: set[int] = set()  # hashes of the first uncached block of admitted sequences
-        held: list[tuple[int, int, Sequence]] = []  # waiting entries set aside for this step
-        reserved = 0  # blocks the held rows' prompts need
         while self.waiting and budget > 0 and len(batch) < self.max_num_seqs:
             seq = self.waiting[0][2]
             if seq.is_finished:  # aborted while waiting
                 heapq.heappop(self.waiting)
                 continue
-            if held and seq.priority < held[0][2].priority:
-                break  # no lower priority ahead of a held row
             hits = bm.cached_prefix(seq)
-            upcoming = bm.next_block_hash(seq, len(hits))
-            if upcoming is not None and upcoming in computing:
-                held.append(heapq.heappop(self.waiting))
-                reserved += bm.blocks_for(seq.num_tokens) - len(hits) - 1  # it will hit one
-                if len(held) >= HOLD_SCAN:
-                    break
-                continue
-            computing.add(upcoming)
-            partial = bm.cached_partial(seq, hits)
-            head = len(hits) * bm.block_size + (partial[1] if partial else 0)
+            parent = bm.block_hash[hits[-1]] if hits else None
+            shared = step.take(seq, parent, len(hits))
+            partial = None if shared else bm.cached_partial(seq, hits)
+            head = (len(hits) + len(shared)) * bm.block_size + (partial[1] if partial else 0)
             n = min(seq.num_tokens - head, budget)
-            need = bm.num_blocks_to_admit(hits, head + n) + reserved
+            need = bm.num_blocks_to_admit(hits, head + n, len(shared))
             if need + self.watermark_blocks > bm.num_free_blocks and (
                 self.running or need > bm.num_free_blocks
             ):
                 break
             heapq.heappop(self.waiting)
-            self._admit(seq, hits, n, partial, batch)
+            self._admit(seq, hits, n, partial, shared, batch)
             batch.add(seq, n)
             budget -= n
-        for entry in held:
-            heapq.heappush(self.waiting, entry)
+            step.note(seq, shared[-1][1] if shared else parent, len(hits) + len(shared), head + n)
 
     def _admit(
         self,
@@ -181,23 +165,34 @@ class Scheduler:
         hits: list[int],
         n: int,
         partial: tuple[int, int] | None,
+        shared: list[tuple[int, int]],
         batch: ScheduledBatch,
     ) -> None:
-        """Give seq its cached head and blocks for n more tokens. A partial hit's tokens are
-        copied before the step runs: its source, a cached block with no reference, may be
-        reused by a later admission of this step, but every copy of the step reads its
-        source before any step writes it (ModelRunner.copy_heads)."""
-        self.block_manager.take_prefix(seq, hits, partial[1] if partial else 0)
+        """Give seq its cached head, the blocks it shares with rows admitted before it in this
+        step, and blocks for n more tokens. A partial hit's tokens are copied before the step
+        runs: its source, a cached block with no reference, may be reused by a later admission
+        of this step, but every copy of the step reads its source before any step writes it
+        (ModelRunner.copy_heads)."""
+        self.block_manager.take_prefix(seq, hits, partial[1] if partial else 0, shared)
         ok = self.block_manager.append_slots(seq, n)
         assert ok, "admission checked the free blocks"
         if partial:
             batch.copies.append((partial[0], seq.block_table[len(hits)], partial[1]))
+        if shared:
+            batch.sharing.append(seq)
         if not seq.admitted:
             seq.admitted = True
             seq.num_cached_tokens = seq.num_computed_tokens
             self.num_cached_tokens += seq.num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=_rank)
+
+    def abandon(self, batch: ScheduledBatch) -> None:
+        """A step that did not run (out of memory, stopped): the rows that took blocks it was
+        to compute hold them uncomputed, so they go back to waiting and start again."""
+        for seq in batch.sharing:
+            if seq.status is SequenceStatus.RUNNING:
+                self._preempt(seq)
 
     # ------------------------------------------------------------------ after the step
 

@@ -140,7 +140,9 @@ class PagedEngine(Engine):
             return
         self.runner.copy_heads(batch.copies)  # before the step, outside its retries
         out = self._run(batch)
-        if out is not None:
+        if out is None:
+            self.scheduler.abandon(batch)
+        else:
             tokens, finite = out
             self._grow_back()
             self._fail_rows(batch, finite)

@@ -1,0 +1,56 @@
+"""Full KV blocks that rows of a step compute whole in it, for the rows admitted after them.
+
+Within each layer a step writes every row's new K/V before any row attends, so a row may attend
+to a block that another row of the same step computes whole: it takes that block as it would
+take a cached head (a reference and the block's chained hash) and computes only what follows,
+where it would otherwise compute the same block again or wait a step for it. Only a row whose
+chunk the token budget cut computes a block in part, and it is the step's last: no row after
+it is admitted. If the step does not run, the rows that took such blocks go back to waiting
+(Scheduler.abandon).
+"""
+
+from __future__ import annotations
+
+from jobrunner.sched.block_manager import chain_hash
+from jobrunner.sched.sequence import Sequence
+
+
+class StepBlocks:
+    def __init__(self, block_size: int, enabled: bool = True) -> None:
+        self.block_size = block_size
+        self.enabled = enabled  # the prefix cache's switch: off, no row shares a block
+        self.whole: dict[int, tuple[int, tuple[int, ...]]] = {}  # hash -> (block id, tokens)
+
+    def note_running(self, seq: Sequence, n: int) -> None:
+        """A running row computes its next n known tokens in this step (a prompt's next chunk,
+        or a decode token that may fill a block)."""
+        first = len(seq.block_hashes)  # its full, computed blocks have their hashes
+        if first == seq.num_computed_tokens // self.block_size:
+            parent = seq.block_hashes[-1] if first else None
+            self.note(seq, parent, first, seq.num_computed_tokens + n)
+
+    def note(self, seq: Sequence, parent: int | None, first: int, end: int) -> None:
+        """seq computes its tokens before position `end` in this step, from its block `first`
+        on (after the head whose chained hash is `parent`)."""
+        bs = self.block_size
+        if not self.enabled:
+            return
+        for j in range(first, min(seq.num_tokens, end) // bs):
+            tokens = tuple(seq.token_ids[j * bs : (j + 1) * bs])
+            parent = chain_hash(parent, tokens)
+            self.whole.setdefault(parent, (seq.block_table[j], tokens))
+
+    def take(self, seq: Sequence, parent: int | None, first: int) -> list[tuple[int, int]]:
+        """(block id, hash) of each block from seq's block `first` on that rows before it
+        compute whole in this step, in order, at least one token left to compute."""
+        bs, shared = self.block_size, []
+        if not self.whole:
+            return shared
+        for j in range(first, (seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[j * bs : (j + 1) * bs])
+            parent = chain_hash(parent, tokens)
+            got = self.whole.get(parent)
+            if got is None or got[1] != tokens:
+                break
+            shared.append((got[0], parent))
+        return shared
