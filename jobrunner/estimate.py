@@ -121,7 +121,7 @@ class SeenBlocks:
     newest CHILDREN_KEPT a head), so memory grows by at most one block a row; the first row to
     stop after a head finds none there, where a run may serve it part of a block an earlier
     row made. And rows a run admits in one step find no part of a block another of them makes
-    in it (a full block they wait for): here they do."""
+    in it (they share its full blocks only): here they do."""
 
     hashes: set[int] = field(default_factory=set)
     # a head -> its children, newest last, and the same sorted: the child sharing the most

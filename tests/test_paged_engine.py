@@ -367,6 +367,28 @@ def test_injected_oom_backs_off_and_retries(loaded, prompts, reference, monkeypa
     assert_matches(results, reference, range(6))
 
 
+def test_a_native_kernel_out_of_memory_backs_off_too(loaded, prompts, reference, monkeypatch):
+    """A native kernel's failed allocation (MemoryError) is an out-of-memory like torch's: the
+    step backs off and is retried, and rows that shared blocks in it start again."""
+    from jobrunner.engine.paged import attention
+
+    kernel, calls = cpu_kernels.paged_prefill, []
+
+    def failing_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("paged_prefill: out of memory (injected)")
+        return kernel(*args)
+
+    monkeypatch.setattr(attention.cpu_kernels, "paged_prefill", failing_once)
+    engine = make_engine(loaded, 256 << 20)
+    if not engine.runner.prefill_kernel:
+        pytest.skip("no native prefill kernel here")
+    results = run(engine, requests(prompts[20:26]))  # one system prompt: rows share blocks
+    assert engine.stats.oom_retries == 1
+    assert_matches(results, reference[20:26], range(6))
+
+
 def test_limits_grow_back_after_clean_steps(loaded, prompts, reference, monkeypatch):
     import jobrunner.engine.paged.engine as paged_engine
 

@@ -28,7 +28,8 @@ class EngineStats:
     row_seconds: float = 0.0  # measured step time shared out to rows (Usage.device_seconds)
     steps: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    cached_tokens: int = 0  # prompt tokens not computed for their row: from the prefix cache,
+    # or shared with the row that computed them in the same step
     decode_tokens: int = 0
     generated_tokens: int = 0  # tokens sampled so far, rows finished or not (live progress)
     preemptions: int = 0

@@ -4,7 +4,7 @@ into one Result with n choices. No torch.
 Sample k keeps the row's id and has its own seed (`sample_seed`), so each sample reproduces
 across runs and batch neighbours, and sample 0 is the row's single sample of n = 1. The samples
 share the prompt's KV through the prefix cache (they are taken in one after another; the second
-waits one step for the first's blocks, then hits them). A greedy row's samples are all the
+takes the full blocks the first computes in the same step, sched/step_blocks.py). A greedy row's samples are all the
 same: it runs once and its choice is repeated n times (usage counts each, as the API does).
 """
 

@@ -127,10 +127,10 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence, counted: bool = True) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
-        self.num_preemptions += 1
+        self.num_preemptions += counted
         self.add(seq)
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int, step: StepBlocks) -> None:
@@ -192,7 +192,7 @@ class Scheduler:
         to compute hold them uncomputed, so they go back to waiting and start again."""
         for seq in batch.sharing:
             if seq.status is SequenceStatus.RUNNING:
-                self._preempt(seq)
+                self._preempt(seq, counted=False)  # not for want of blocks
 
     # ------------------------------------------------------------------ after the step
 

@@ -3,10 +3,9 @@
 Within each layer a step writes every row's new K/V before any row attends, so a row may attend
 to a block that another row of the same step computes whole: it takes that block as it would
 take a cached head (a reference and the block's chained hash) and computes only what follows,
-where it would otherwise compute the same block again or wait a step for it. Only a row whose
-chunk the token budget cut computes a block in part, and it is the step's last: no row after
-it is admitted. If the step does not run, the rows that took such blocks go back to waiting
-(Scheduler.abandon).
+where it would otherwise compute the same block again or wait a step for it. A block a row
+computes only in part (its chunk ends in it) is not shared. If the step does not run, the rows
+that took such blocks go back to waiting (Scheduler.abandon).
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ WARM_UP_TOKENS = 8  # a prompt shorter than a block: the warm-up leaves nothing 
 
 
 def is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or (
+    """torch's out-of-memory errors, and a native kernel's failed allocation (MemoryError)."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
         isinstance(e, RuntimeError) and "out of memory" in str(e)
     )
 
@@ -214,7 +215,7 @@ class PagedEngine(Engine):
         except StepInterrupted as e:
             log.warning("stop requested: step of %d tokens abandoned (%s)", batch.num_tokens, e)
             return None
-        except (torch.OutOfMemoryError, RuntimeError) as e:
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
             if not is_oom(e):
                 raise
             self._back_off(batch, e)
