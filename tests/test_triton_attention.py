@@ -167,11 +167,18 @@ def bench_gpu():
     return bench_gpu
 
 
-@pytest.mark.parametrize("graphs,drafts", [(True, 0), (False, 0), (True, 3)])
-def test_paged_engine_on_the_triton_path_equals_hf_generate(bench_gpu, graphs, drafts, monkeypatch):
+@pytest.mark.parametrize(
+    "graphs,drafts,head", [(True, 0, 0), (False, 0, 0), (True, 3, 0), (True, 0, 37)]
+)
+def test_paged_engine_on_the_triton_path_equals_hf_generate(
+    bench_gpu, graphs, drafts, head, monkeypatch
+):
     """Rows of different lengths leave one by one, so decode steps shrink through the graph
     buckets (8, 4, 2, 1 rows) with padding rows in most of them. With drafts (speculative
-    decoding) a row's draft tokens attend as a prompt tile, and steps with drafts run eagerly."""
+    decoding) a row's draft tokens attend as a prompt tile, and steps with drafts run eagerly.
+    With a shared head of 37 tokens (two blocks and part of a third), rows take its blocks
+    from rows computing them in the same step and from the prefix cache, and its last tokens
+    as copies of a cached block's (ModelRunner.copy_heads on the device)."""
     from jobrunner.config import JobConfig
     from jobrunner.engine.paged import PagedEngine, cuda_graphs
     from jobrunner.types import Request, SamplingParams
@@ -179,6 +186,8 @@ def test_paged_engine_on_the_triton_path_equals_hf_generate(bench_gpu, graphs, d
     monkeypatch.setenv("JOBRUNNER_TRITON", "1")
     loaded = bench_gpu.sharpened_tiny(DEVICE)
     work = bench_gpu.prompts(6, 20, 140, loaded.model.config.vocab_size, seed=3)
+    shared = bench_gpu.prompts(1, head, head, loaded.model.config.vocab_size, seed=4)[0]
+    work = [shared + ids for ids in work]
     new = [6 + 3 * i for i in range(len(work))]
     cfg = JobConfig()
     cfg.engine.kv_cache_bytes = 4 << 20
@@ -204,6 +213,9 @@ def test_paged_engine_on_the_triton_path_equals_hf_generate(bench_gpu, graphs, d
     want = [bench_gpu.hf_greedy(loaded, ids, n) for ids, n in zip(work, new, strict=True)]
     bad = [i for i in range(len(work)) if got[str(i)] != want[i]]
     assert not bad, f"rows differing from HF generate: {bad}"
+    if head:
+        assert engine.stats.cached_tokens >= (len(work) - 1) * 32
+        assert engine.block_manager.num_partial_tokens > 0
     if drafts:
         assert engine.stats.accepted_draft_tokens > 0  # the sharpened model repeats itself
     elif graphs:
