@@ -94,7 +94,8 @@ class Scheduler:
                 draft = []  # drafts never preempt: this row decodes one token
             if self._make_room(seq, n + len(draft), batch):
                 batch.add(seq, n + len(draft), draft)
-                step.note_running(seq, n)
+                if n > 1 and self.waiting:  # a chunk a row admitted next may share
+                    step.note_running(seq, n)
                 budget -= n + len(draft)
                 i += 1
         return budget

@@ -10,7 +10,7 @@ that took such blocks go back to waiting (Scheduler.abandon).
 
 from __future__ import annotations
 
-from jobrunner.sched.block_manager import chain_hash
+from jobrunner.sched.block_manager import chained_blocks
 from jobrunner.sched.sequence import Sequence
 
 
@@ -21,8 +21,8 @@ class StepBlocks:
         self.whole: dict[int, tuple[int, tuple[int, ...]]] = {}  # hash -> (block id, tokens)
 
     def note_running(self, seq: Sequence, n: int) -> None:
-        """A running row computes its next n known tokens in this step (a prompt's next chunk,
-        or a decode token that may fill a block)."""
+        """A running row computes its next n known tokens in this step (a prompt's next
+        chunk)."""
         first = len(seq.block_hashes)  # its full, computed blocks have their hashes
         if first == seq.num_computed_tokens // self.block_size:
             parent = seq.block_hashes[-1] if first else None
@@ -34,10 +34,10 @@ class StepBlocks:
         bs = self.block_size
         if not self.enabled:
             return
-        for j in range(first, min(seq.num_tokens, end) // bs):
-            tokens = tuple(seq.token_ids[j * bs : (j + 1) * bs])
-            parent = chain_hash(parent, tokens)
-            self.whole.setdefault(parent, (seq.block_table[j], tokens))
+        for j, tokens, h in chained_blocks(
+            seq.token_ids, bs, parent, first, min(seq.num_tokens, end) // bs
+        ):
+            self.whole.setdefault(h, (seq.block_table[j], tokens))
 
     def take(self, seq: Sequence, parent: int | None, first: int) -> list[tuple[int, int]]:
         """(block id, hash) of each block from seq's block `first` on that rows before it
@@ -45,11 +45,11 @@ class StepBlocks:
         bs, shared = self.block_size, []
         if not self.whole:
             return shared
-        for j in range(first, (seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.token_ids[j * bs : (j + 1) * bs])
-            parent = chain_hash(parent, tokens)
-            got = self.whole.get(parent)
+        for _, tokens, h in chained_blocks(
+            seq.token_ids, bs, parent, first, (seq.num_tokens - 1) // bs
+        ):
+            got = self.whole.get(h)
             if got is None or got[1] != tokens:
                 break
-            shared.append((got[0], parent))
+            shared.append((got[0], h))
         return shared
