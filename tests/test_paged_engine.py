@@ -389,6 +389,24 @@ def test_a_native_kernel_out_of_memory_backs_off_too(loaded, prompts, reference,
     assert_matches(results, reference[20:26], range(6))
 
 
+def test_a_copy_of_a_partial_head_out_of_memory_backs_off(loaded, prompts, reference):
+    """The copies of partial prefix hits run inside the step's retries: one that runs out of
+    memory backs the step off, and the rows it was for start again."""
+    engine = make_engine(loaded, 256 << 20, max_batch_tokens=256)
+    copy, failed = engine.runner.copy_heads, []
+
+    def failing_once(copies):
+        if copies and not failed:
+            failed.append(list(copies))
+            raise torch.OutOfMemoryError("copy_heads (injected)")
+        copy(copies)
+
+    engine.runner.copy_heads = failing_once
+    results = run(engine, requests(prompts[20:32]))  # one system prompt: partial hits
+    assert failed and engine.stats.oom_retries == 1
+    assert_matches(results, reference[20:32], range(12))
+
+
 def test_limits_grow_back_after_clean_steps(loaded, prompts, reference, monkeypatch):
     import jobrunner.engine.paged.engine as paged_engine
 

@@ -113,19 +113,34 @@ def test_prefix_hit_counts_cached_tokens():
     assert b.block_table[:2] == a.block_table[:2]
 
 
-def test_a_partial_head_is_copied_and_not_computed():
-    s = make_sched(block_size=4)
+def partial_hit(s: Scheduler):
+    """Row a computed and cached; row b, admitted next, shares a's first block of 4 and the
+    first 2 tokens of its second."""
     a = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9])
     s.add(a)
     s.postprocess(s.schedule(), [[10]])
     b = make_seq([1, 2, 3, 4, 5, 6, 70, 80, 90])
     s.add(b)
-    batch = s.schedule()
+    return a, b, s.schedule()
+
+
+def test_a_partial_head_is_copied_and_not_computed():
+    s = make_sched(block_size=4)
+    a, b, batch = partial_hit(s)
     assert rows(batch)[-1] == (b.seq_id, 3)  # 70, 80, 90: from position 6
     assert batch.start_positions[-1] == 6
     assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
     assert batch.copies == [(a.block_table[1], b.block_table[1], 2)]
     assert b.num_cached_tokens == 6 and s.num_cached_tokens == 6
+
+
+def test_a_step_that_does_not_run_sends_its_partial_hits_back():
+    s = make_sched(block_size=4)
+    _, b, batch = partial_hit(s)
+    assert batch.copies and batch.heads_in_step == [b]
+    s.abandon(batch)  # its copy perhaps never made: b's 5, 6 are not in its block
+    assert b.status is SequenceStatus.WAITING and b.block_table == []
+    assert b.num_computed_tokens == 0
 
 
 def two_rows_one_head(s: Scheduler):
@@ -141,7 +156,7 @@ def test_a_head_computed_in_the_step_is_shared_in_it():
     a, b, batch = two_rows_one_head(s)
     # a computes [1, 2] [3, 4] whole in this step: b attends to them and computes only 7
     assert rows(batch) == [(a.seq_id, 5), (b.seq_id, 1)] and batch.start_positions[1] == 4
-    assert b.block_table[:2] == a.block_table[:2] and batch.sharing == [b]
+    assert b.block_table[:2] == a.block_table[:2] and batch.heads_in_step == [b]
     assert b.num_cached_tokens == 4
     assert s.block_manager.ref_counts[a.block_table[0]] == 2
     s.postprocess(batch, [[6], [8]])
@@ -174,4 +189,4 @@ def test_no_block_is_shared_with_the_prefix_cache_off():
     bm = BlockManager(16, 2, enable_prefix_caching=False)
     s = Scheduler(bm, 8, 100, max_model_len=1000)
     a, b, batch = two_rows_one_head(s)
-    assert rows(batch) == [(a.seq_id, 5), (b.seq_id, 5)] and not batch.sharing
+    assert rows(batch) == [(a.seq_id, 5), (b.seq_id, 5)] and not batch.heads_in_step

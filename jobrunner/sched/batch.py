@@ -22,9 +22,10 @@ class ScheduledBatch:
     # (source block, destination block, n): partial prefix hits, the first n tokens' K/V of a
     # cached block copied into a row's own block before the step runs (BlockManager)
     copies: list[tuple[int, int, int]] = field(default_factory=list)
-    # rows that took blocks other rows compute in this step (sched/step_blocks.py): they go
-    # back to waiting if the step does not run (Scheduler.abandon)
-    sharing: list[Sequence] = field(default_factory=list)
+    # rows whose head this step fills in: a partial hit's copied tokens, or blocks other rows
+    # compute in it (sched/step_blocks.py); they go back to waiting if the step does not run
+    # (Scheduler.abandon)
+    heads_in_step: list[Sequence] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_new_tokens: int, draft: list[int] | None = None) -> None:
         self.seqs.append(seq)

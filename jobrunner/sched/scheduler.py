@@ -179,8 +179,8 @@ class Scheduler:
         assert ok, "admission checked the free blocks"
         if partial:
             batch.copies.append((partial[0], seq.block_table[len(hits)], partial[1]))
-        if shared:
-            batch.sharing.append(seq)
+        if partial or shared:
+            batch.heads_in_step.append(seq)
         if not seq.admitted:
             seq.admitted = True
             seq.num_cached_tokens = seq.num_computed_tokens
@@ -189,9 +189,10 @@ class Scheduler:
         bisect.insort(self.running, seq, key=_rank)
 
     def abandon(self, batch: ScheduledBatch) -> None:
-        """A step that did not run (out of memory, stopped): the rows that took blocks it was
-        to compute hold them uncomputed, so they go back to waiting and start again."""
-        for seq in batch.sharing:
+        """A step that did not run (out of memory, stopped), its copies perhaps not made: the
+        rows whose head it was to fill in hold it unwritten, so they go back to waiting and
+        start again."""
+        for seq in batch.heads_in_step:
             if seq.status is SequenceStatus.RUNNING:
                 self._preempt(seq, counted=False)  # not for want of blocks
 

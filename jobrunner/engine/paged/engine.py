@@ -139,7 +139,6 @@ class PagedEngine(Engine):
         if not len(batch):
             self._fail_unschedulable()
             return
-        self.runner.copy_heads(batch.copies)  # before the step, outside its retries
         out = self._run(batch)
         if out is None:
             self.scheduler.abandon(batch)
@@ -211,6 +210,7 @@ class PagedEngine(Engine):
         try:
             if self._attempts in self._fault_steps:
                 raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at attempt {self._attempts}")
+            self.runner.copy_heads(batch.copies)  # partial hits' heads, before the step
             return self.runner.run(batch)
         except StepInterrupted as e:
             log.warning("stop requested: step of %d tokens abandoned (%s)", batch.num_tokens, e)
