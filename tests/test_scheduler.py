@@ -172,6 +172,17 @@ def test_a_step_that_does_not_run_sends_the_rows_that_shared_in_it_back():
     assert rows(s.schedule()) == [(a.seq_id, 5), (b.seq_id, 1)]
 
 
+def test_blocks_shared_in_a_step_are_cached_when_the_row_computing_them_fails():
+    s = make_sched(block_size=2)
+    a, b, batch = two_rows_one_head(s)
+    s.finish(a, FinishReason.ERROR, "nan")  # a's logits were not finite: a fails
+    s.postprocess(batch, [None, [8]])
+    c = make_seq([1, 2, 3, 4, 9])
+    s.add(c)
+    s.schedule()
+    assert c.block_table[:2] == b.block_table[:2] and c.num_cached_tokens == 4
+
+
 def test_rows_admitted_after_a_running_row_share_its_next_chunk():
     s = make_sched(block_size=2, max_batch_tokens=6)
     a = make_seq(range(1, 11))

@@ -155,13 +155,15 @@ class BlockManager:
         step, sched/step_blocks.py), and count `partial` more tokens computed: the caller has
         them copied into the block after the head (cached_partial) before any step reads them."""
         assert not seq.block_table, "take_prefix needs a sequence without blocks"
-        held = [(b, self.block_hash[b]) for b in hits] + (shared or [])
-        for block_id, h in held:
+        held = hits + [b for b, _ in shared or ()]
+        for block_id in held:
             if self.ref_counts[block_id] == 0:
                 del self.evictable[block_id]
             self.ref_counts[block_id] += 1
             seq.block_table.append(block_id)
-            seq.block_hashes.append(h)
+        # the shared blocks are named after the step by whichever of their rows gets there
+        # first (cache_full_blocks): the row computing them may fail in it
+        seq.block_hashes.extend(self.block_hash[b] for b in hits)
         self.num_hits += len(hits)
         self.num_partial_tokens += partial
         seq.num_computed_tokens = len(held) * self.block_size + partial
