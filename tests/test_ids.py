@@ -50,6 +50,17 @@ def test_scan_finds_duplicates_in_parquet_with_places(tmp_path):
     }
 
 
+def test_dictionary_encoded_ids_are_their_values(tmp_path):
+    """pandas writes a Categorical column dictionary-encoded: its ids are checked (and
+    committed rows found) as plain strings' are."""
+    ids = pa.array(["x", "y", "x", None]).dictionary_encode()
+    batch = pa.record_batch({"id": ids, "prompt": ["p"] * 4})
+    assert batch_ids(batch, "f.parquet", 0, "id").to_pylist() == ["x", "y", "x", None]
+    pq.write_table(pa.table({"id": ids, "prompt": ["p"] * 4}), tmp_path / "a.parquet")
+    total, dups = scan_ids(_cfg(tmp_path / "a.parquet"))
+    assert total == 4 and list(dups) == ["x"]
+
+
 def test_scan_csv_and_jsonl_agree(tmp_path):
     (tmp_path / "a.csv").write_text("id,prompt\n1,x\n2,y\n1,z\n", encoding="utf-8")
     total, dups = scan_ids(_cfg(tmp_path / "a.csv"))

@@ -132,6 +132,8 @@ def batch_ids(batch: Any, name: str, first_row: int, id_column: str | None) -> A
         rows = pa.array(np.arange(first_row, first_row + batch.num_rows))
         return pc.binary_join_element_wise(name, pc.cast(rows, pa.string()), ":")
     col = batch.column(names.index(id_column))
+    if pa.types.is_dictionary(col.type):  # pandas' Categorical: the ids are its values
+        col = col.dictionary_decode()
     if str(col.type) not in _TEXT_OR_INT:
         return pa.nulls(batch.num_rows, pa.string())
     text = pc.cast(col, pa.string())
