@@ -6,7 +6,7 @@ import pytest
 
 from jobrunner.config import JobConfig
 from jobrunner.io.readers import RawRow
-from jobrunner.prep.prepare import Preparer, row_seed
+from jobrunner.prep.prepare import Preparer, renamed_input_columns, row_seed
 from jobrunner.prep.render import RenderError, template_fields
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 
@@ -138,3 +138,13 @@ def test_the_dedup_key_tells_apart_rows_differing_in_any_sampling_field():
     for name, value in changed.items():
         other = dedup_key(Request("b", [1, 2], dataclasses.replace(base, **{name: value})))
         assert other is not None and other != key, name
+
+
+def test_input_columns_named_like_result_columns_keep_every_value():
+    cols = {"prompt": "hi", "completion": "gold", "input_completion": "mine", "model": "m"}
+    assert renamed_input_columns(cols) == {
+        "prompt": "hi",
+        "input_input_completion": "gold",
+        "input_completion": "mine",
+        "input_model": "m",
+    }

@@ -332,7 +332,20 @@ class Preparer:
             del cols[self.cfg.input.id_column]
         if RESULT_COLUMNS.isdisjoint(cols):  # the usual row: no renaming, no per-key loop
             return cols
-        return {(f"input_{k}" if k in RESULT_COLUMNS else k): v for k, v in cols.items()}
+        return renamed_input_columns(cols)
+
+
+def renamed_input_columns(cols: dict[str, Any]) -> dict[str, Any]:
+    """The input's columns beside the result's: one named like a result column becomes
+    `input_<name>`, prefixed again while that name is another input column's (no value lost)."""
+    out: dict[str, Any] = {}
+    for k, v in cols.items():
+        if k in RESULT_COLUMNS:
+            k = f"input_{k}"
+            while k in cols or k in out:
+                k = f"input_{k}"
+        out[k] = v
+    return out
 
 
 def row_failure(
