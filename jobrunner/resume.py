@@ -94,6 +94,7 @@ def start_run(
         if opts.restart:
             rundir.clear()
         manifest = rundir.prepare()
+        _adopt_if_empty(rundir, manifest)
         parts = job_parts(cfg, manifest.job.get("input"))
         _check_settings(rundir, manifest, parts)
         changes = _input_changes(manifest, parts)
@@ -112,6 +113,16 @@ def start_run(
             yield manifest, committed, total, check.start()
         finally:
             check.cancel()
+
+
+def _adopt_if_empty(rundir: RunDir, manifest: Manifest) -> None:
+    """A run directory that committed no row (a run stopped by a mistake in its job file, at
+    start) has nothing a changed job could mix with: it takes this job's settings."""
+    if manifest.fingerprint and not (
+        manifest.shards or manifest.errors_bytes or rundir.shard_files()
+    ):
+        log.info("%s holds no results yet: it takes this job's settings", rundir.location)
+        manifest.fingerprint, manifest.job = {}, {}
 
 
 def _checked_now(rundir, cfg, opts, manifest: Manifest, parts, changes) -> tuple:

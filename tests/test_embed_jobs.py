@@ -33,7 +33,7 @@ def batch_job(tmp_path, lines: list[str], **extra) -> object:
         "output": {"path": str(tmp_path / "out"), "format": "openai-batch"},
     }
     for key, value in extra.items():
-        job[key] = {**job[key], **value} if isinstance(value, dict) else value
+        job[key] = {**job.get(key, {}), **value} if isinstance(value, dict) else value
     return load_job(write_job(tmp_path / "job.yaml", json.dumps(job)))
 
 
@@ -89,6 +89,7 @@ def test_bad_lines_fail_alone_like_the_api(tmp_path):
         line("too-long", {"input": long_text}),
         line("vocab", {"input": [101, 999999, 102]}),
         line("dims", {"input": "x", "dimensions": 0}),
+        line("too-wide", {"input": "x", "dimensions": 5000}),  # the model's vectors: 384
         line("encoding", {"input": "x", "encoding_format": "int8"}),
         line("chat", {"messages": [{"role": "user", "content": "hi"}]}, url="/v1/chat/completions"),
     ]
@@ -103,9 +104,23 @@ def test_bad_lines_fail_alone_like_the_api(tmp_path):
         "too-long": "too_long",
         "vocab": "bad_body",
         "dims": "bad_body",
+        "too-wide": "bad_body",
         "encoding": "bad_body",
         "chat": "unknown_endpoint",
     }
+
+
+def test_a_job_asking_more_dimensions_than_the_model_has_stops_before_any_row(tmp_path):
+    lines = [line("a", {"input": "x"})]
+    cfg = batch_job(tmp_path, lines, task="embed", embedding={"dimensions": 5000})
+    with pytest.raises(ConfigError, match="embedding.dimensions is 5000.*384 values"):
+        run_job(cfg)
+    assert not (tmp_path / "out" / "output.jsonl").exists()
+    # nothing was committed: the corrected job runs in the same run directory
+    run_job(batch_job(tmp_path, lines, task="embed", embedding={"dimensions": 64}))
+    assert len(output_lines(tmp_path / "out")["a"]["data"][0]["embedding"]) == 64
+    with pytest.raises(ConfigError, match="holds a different job"):  # now it holds results
+        run_job(batch_job(tmp_path, lines, task="embed", embedding={"dimensions": 32}))
 
 
 def test_too_long_inputs_are_cut_when_the_job_says_so(tmp_path):

@@ -134,8 +134,10 @@ def test_a_changed_parquet_row_is_named_on_resume(tmp_path):
         {"input": {"path": str(data)}, "output": {"path": str(tmp_path / "out")}}
     )
     rd = RunDir(cfg.output.path, "jsonl")
+    rec = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1}
     with open_run(rd, cfg, RunOptions()) as (m, done, total):
         assert (len(done), total) == (0, 6)
+        rd.commit(m, [{"id": "r0", **rec}], [])
     prompts[4] = "changed"
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(6)], "prompt": prompts}), data)
     with (

@@ -106,12 +106,23 @@ def test_finished_job_rerun_loads_no_model_and_changes_no_byte(tmp_path):
 def test_changed_job_is_refused_with_78(tmp_path):
     job = write_job(tmp_path, "static", write_input(tmp_path / "in.jsonl"))
     cfg = load_job(job)
-    with open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()):
-        pass  # the run directory now holds this job, unfinished
+    rd = RunDir(cfg.output.path, "jsonl")
+    with open_run(rd, cfg, RunOptions()) as (m, _, _):  # this job, unfinished, one row in
+        rd.commit(m, [{"id": "r00", "completion": "c", "finish_reason": "stop"}], [])
     r = CliRunner().invoke(app, ["run", str(job), "--set", "generation.max_new_tokens=7"])
     assert r.exit_code == 78, r.output
     assert "generation.max_new_tokens: 6 -> 7" in r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["exit_code"] == 78
+
+
+def test_a_run_directory_with_no_row_committed_takes_a_changed_job(tmp_path):
+    job = write_job(tmp_path, "static", write_input(tmp_path / "in.jsonl"))
+    cfg = load_job(job)
+    with open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()):
+        pass  # stopped before its first commit (a mistake in the job file, found at start)
+    changed = load_job(job, ["generation.max_new_tokens=7"])
+    with open_run(RunDir(cfg.output.path, "jsonl"), changed, RunOptions()) as (m, done, _):
+        assert not done and m.job["generation"]["max_new_tokens"] == 7
 
 
 def test_changed_job_is_refused_even_when_the_run_is_finished(tmp_path):

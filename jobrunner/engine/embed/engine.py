@@ -22,6 +22,7 @@ import torch
 from jobrunner.engine.base import Engine
 from jobrunner.engine.embed.st_files import pooling_mode
 from jobrunner.engine.embed.workers import SharedClock, in_workers
+from jobrunner.errors import ConfigError
 from jobrunner.types import Request, Result, Usage
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,12 @@ class EmbedEngine(Engine):
         self.pooling = pooling_mode(cfg.model.pooling, loaded.weights_dir, self.decoder)
         self.backend = make_backend(loaded, cfg, self.decoder)
         self.workers = cpu_workers(cfg, loaded.device, self.backend)
+        self.width = int(loaded.hf_config.hidden_size)  # each pooled vector's values
+        if (cfg.embedding.dimensions or 0) > self.width:
+            raise ConfigError(
+                f"embedding.dimensions is {cfg.embedding.dimensions}, but the model's vectors"
+                f" have {self.width} values: set it to {self.width} or fewer, or leave it out"
+            )
         self._stats_lock = threading.Lock()
         self._clock = SharedClock()  # overlapping batches share the wall time they ran in
         name = type(self.backend).__name__
@@ -130,6 +137,10 @@ class EmbedEngine(Engine):
         if not bool(torch.isfinite(v).all()):
             return self._failed(r, "non_finite", "the model produced a non-finite embedding")
         dims = r.meta.get("dimensions") or self.cfg.embedding.dimensions
+        if dims and dims > v.numel():  # a batch line's body.dimensions
+            return self._failed(
+                r, "bad_body", f"dimensions {dims}: the model's vectors have {v.numel()} values"
+            )
         vec = finish_vector(v, dims, self.cfg.embedding.normalize)
         usage = Usage(prompt_tokens=r.num_prompt_tokens)
         usage.add_step(r.num_prompt_tokens, False, seconds)
