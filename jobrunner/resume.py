@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from jobrunner import run_schema
 from jobrunner.config import JobConfig, fingerprint
 from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
 from jobrunner.formats import input_files
@@ -98,6 +99,7 @@ def start_run(
         parts = job_parts(cfg, manifest.job.get("input"))
         _check_settings(rundir, manifest, parts)
         changes = _input_changes(manifest, parts)
+        rundir.schema = run_schema.settle(manifest, cfg)
         total = None if changes or is_remote(str(rundir.location)) else metadata_rows(cfg)
         if total is None or total < CHECK_WHILE_STARTING_ROWS:
             yield (*_checked_now(rundir, cfg, opts, manifest, parts, changes), InputCheck())

@@ -41,6 +41,7 @@ from jobrunner.executors.ray_blocks import (
 from jobrunner.executors.ray_worker import BlockWorker
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.lifecycle import JobSummary, OpenRun, RunOptions, execute
+from jobrunner.run_schema import to_json
 from jobrunner.signals import raise_on_signal
 from jobrunner.telemetry.device import cpu_count, detect_device
 from jobrunner.telemetry.progress import Progress
@@ -176,6 +177,7 @@ def _dataset(cfg: JobConfig, rundir: RunDir, plan: Plan, tag: str):
             "tag": tag,
             "cpus": cpus,
             "fault_marker": os.environ.get(FAULT_ENV),
+            "schema": to_json(rundir.schema) if rundir.schema is not None else None,
         },
     )
 

@@ -29,6 +29,7 @@ from jobrunner.io.committer import Committer
 from jobrunner.io.rundir import RunDir, read_ids
 from jobrunner.io.writers import write_atomic
 from jobrunner.prep.stream import Prep
+from jobrunner.run_schema import from_json
 from jobrunner.telemetry.device import DeviceInfo, cpu_name, detect_device
 from jobrunner.telemetry.prices import device_rate
 from jobrunner.telemetry.record import RunRecord
@@ -47,6 +48,7 @@ class BlockWorker:
         tag: str,
         cpus: float,
         fault_marker: str | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> None:
         from jobrunner.engine.start import start_engine
 
@@ -54,6 +56,7 @@ class BlockWorker:
         self.cfg, self.tag, self.fault_marker = cfg, tag, fault_marker
         self.worker_id = f"{_node_ip()}:{os.getpid()}"
         self.rundir = RunDir(run_path, fmt)
+        self.rundir.schema = from_json(schema) if schema else None  # the driver's, as decided
         self.sampler = Sampler(float(os.environ.get("JOBRUNNER_SAMPLE_INTERVAL", DEFAULT_INTERVAL)))
         self.sampler.start()
         self.failure: dict[str, Any] | None = None
@@ -119,7 +122,7 @@ class BlockWorker:
             write_fragment(fragment_path(self.rundir, self.tag, self._block), errors)
         if records:
             shard = shard_path(self.rundir, self.tag, self._block)
-            write_atomic(records, shard, self.rundir.shards.write)
+            write_atomic(records, shard, self.rundir.write)
 
     def _fault_hook(self) -> None:
         """Tests only: the first worker to commit a shard dies at once (one marker, one death)."""

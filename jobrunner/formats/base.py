@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from jobrunner.prep.prepare import Preparer
 
 Reader = Callable[[str, int], Iterator[Item]]  # (file, batch_rows) -> its rows, in order
-Writer = Callable[[list[dict[str, Any]], Path], None]  # (records, path): one shard file
+Writer = Callable[..., None]  # (records, path[, schema]): one shard file
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,14 @@ class Format:
     # line formats: parses one non-blank line, so a Ray block can be a span of lines (lines.py)
     parse_line: Callable[[bytes, RowRef], Item] | None = None
     claims: Callable[[str, str], bool] | None = None  # (file, its suffix's format): auto picks us
+    # (file) -> the Arrow schema of its rows' columns, as the reader gives them (run_schema.py)
+    schema: Callable[[str], Any] | None = None
     preparer: type[Preparer] | None = None  # None: the column/template Preparer
     embed_preparer: type[Preparer] | None = None  # task: embed (None: prep.embed.EmbedPreparer)
     # output
     write: Writer | None = None  # writes one result shard
     suffix: str = ""  # of the shard files `write` makes
+    typed: bool = False  # `write` takes the run's schema: write(records, path, schema)
     shards: str | None = None  # the format its shards are written in (None: this one)
     error_record: Callable[[RowError], dict[str, Any]] | None = None  # None: RowError.to_json
     # (rundir, manifest, cfg): files assembled from the committed shards before _SUCCESS
@@ -42,6 +45,12 @@ class Format:
     @property
     def shard_format(self) -> str:
         return self.shards or self.name
+
+    def writer(self, schema: Any = None) -> Callable[[list[dict[str, Any]], Path], None]:
+        """`write` as (records, path), given the run's schema where it takes one."""
+        if not self.typed or schema is None:
+            return self.write
+        return lambda records, path: self.write(records, path, schema)
 
     @property
     def writable(self) -> bool:

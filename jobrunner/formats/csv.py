@@ -51,4 +51,10 @@ def _all_strings(file: str) -> dict[str, Any]:
     return {name: pa.string() for name in header}
 
 
-FORMAT = Format("csv", suffixes=(".csv",), read=read_csv)
+def file_schema(file: str) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(_all_strings(file))
+
+
+FORMAT = Format("csv", suffixes=(".csv",), read=read_csv, schema=file_schema)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.formats.base import Format
+from jobrunner.formats.columns import infer_schema, json_dumps
 from jobrunner.formats.lines import read_lines
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowError, RowRef
@@ -59,9 +60,16 @@ def _is_text(values: Any) -> bool:
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+    """One strict JSON object a line: NaN and +-Infinity as null, bytes as base64 text
+    (formats/columns.json_dumps)."""
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+            f.write(json_dumps(r) + "\n")
+
+
+def file_schema(file: str) -> Any:
+    """The Arrow types of a JSONL file's keys, over all its lines (bad lines left out)."""
+    return infer_schema(r.values for r in read_jsonl(file, 0) if isinstance(r, RawRow))
 
 
 FORMAT = Format(
@@ -71,4 +79,5 @@ FORMAT = Format(
     parse_line=parse_json_line,
     write=write_jsonl,
     suffix=".jsonl",
+    schema=file_schema,
 )

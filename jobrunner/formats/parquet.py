@@ -9,6 +9,7 @@ from typing import Any
 
 from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
+from jobrunner.formats.columns import is_json_text, json_dumps, storable
 from jobrunner.io.fs import is_remote, open_file
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowError, RowRef
@@ -34,20 +35,41 @@ def read_parquet(file: str, batch_rows: int) -> Iterator[Item]:
 
 
 def _batch_rows(batch: Any, file: str, first: int) -> Iterator[Item]:
-    """A batch's rows; when it does not convert, row by row, so one bad value fails one row."""
+    return raw_rows(batch, [RowRef(file, first + i) for i in range(batch.num_rows)])
+
+
+def raw_rows(batch: Any, refs: list[RowRef]) -> Iterator[Item]:
+    """A batch's rows, one per ref; when it does not convert, row by row, so one bad value
+    fails one row."""
     try:
         rows = batch.to_pylist()
+        exact = _exact_values(batch)
     except Exception:
         rows = None
-    for i in range(batch.num_rows):
-        ref = RowRef(file, first + i)
+    for i, ref in enumerate(refs):
         if rows is not None:
-            yield RawRow(rows[i], ref)
+            yield RawRow(rows[i], ref, exact[i] if exact else None)
             continue
         try:
-            yield RawRow(batch.slice(i, 1).to_pylist()[0], ref)
+            one = batch.slice(i, 1)
+            yield RawRow(one.to_pylist()[0], ref, (_exact_values(one) or [None])[0])
         except Exception as e:
             yield RowError("bad_value", f"{ref}: a value does not convert: {e}", ref)
+
+
+def _exact_values(batch: Any) -> list[dict[str, Any]] | None:
+    """Per row, the values whose Python form drops digits (time64[ns]: datetime.time holds
+    microseconds) as Arrow scalars, which the result writer takes back exactly; None if none."""
+    import pyarrow as pa
+
+    lossy = [f.name for f in batch.schema if f.type == pa.time64("ns")]
+    if not lossy:
+        return None
+    cols = {n: batch.column(n) for n in lossy}
+    return [
+        {n: (c[i] if c[i].is_valid else None) for n, c in cols.items()}
+        for i in range(batch.num_rows)
+    ]
 
 
 def read_parquet_ranges(
@@ -89,10 +111,15 @@ def read_parquet_batches(file: str, batch_rows: int) -> Iterator[Any]:
     yield from open_parquet(file).iter_batches(batch_size=batch_rows)
 
 
-def write_parquet(records: list[dict[str, Any]], path: Path) -> None:
+def write_parquet(records: list[dict[str, Any]], path: Path, schema: Any = None) -> None:
     import pyarrow.parquet as pq
 
-    pq.write_table(embedding_column(parquet_table(records)), path)
+    pq.write_table(embedding_column(parquet_table(records, schema)), path)
+
+
+def file_schema(file: str) -> Any:
+    """The Arrow schema of a Parquet file's columns (its footer)."""
+    return open_parquet(file).schema_arrow
 
 
 def embedding_column(table):
@@ -111,39 +138,43 @@ def embedding_column(table):
     return table.set_column(i, "embedding", col.cast(kind))
 
 
-def parquet_table(records: list[dict[str, Any]]):
-    """The records as one table: every key any record has is a column (a key first seen in a
-    later record is kept), each column typed by its values; a column whose values share no
-    Arrow type Parquet can store and read back becomes JSON text."""
+def parquet_table(records: list[dict[str, Any]], schema: Any = None):
+    """The records as one table. With the run's `schema` (run_schema.py), its columns in its
+    order and types, a JSON-text field's values as their JSON; a value that does not fit its
+    type raises (the committer fails that row alone). Keys the schema lacks, or every key
+    without one, follow as before: typed by their values, or JSON text where they share no
+    type Parquet stores."""
     import pyarrow as pa
 
-    names = list(dict.fromkeys(k for r in records for k in r))
-    columns = {}
-    for name in names:
-        values = [r.get(name) for r in records]
-        try:
-            arr = pa.array(values)
-            if not _storable(arr.type):
-                raise pa.ArrowNotImplementedError(f"{arr.type} cannot be stored")
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
-            arr = pa.array([_as_text(v) for v in values], pa.string())
-        columns[name] = arr
-    return pa.table(columns) if columns else pa.table({"id": pa.array([], pa.string())})
+    fields = list(schema) if schema is not None else []
+    known = {f.name for f in fields}
+    arrays = [_typed(f, [r.get(f.name) for r in records]) for f in fields]
+    for name in dict.fromkeys(k for r in records for k in r if k not in known):
+        arrays.append(_inferred([r.get(name) for r in records]))
+        fields.append(pa.field(name, arrays[-1].type))
+    if not fields:
+        return pa.table({"id": pa.array([], pa.string())})
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-MAX_DEPTH = 32  # Parquet readers refuse schemas nested past 100 levels (each list is two)
-
-
-def _storable(t, depth: int = 0) -> bool:
-    """Parquet cannot store a struct without fields, nor read back very deep nesting."""
+def _typed(field: Any, values: list[Any]):
     import pyarrow as pa
 
-    if depth > MAX_DEPTH or (pa.types.is_struct(t) and t.num_fields == 0):
-        return False
-    kids = [t.field(i).type for i in range(t.num_fields)] if t.num_fields else []
-    if hasattr(t, "value_type"):
-        kids.append(t.value_type)
-    return all(_storable(k, depth + 1) for k in kids)
+    if is_json_text(field):
+        return pa.array([None if v is None else json_dumps(v) for v in values], pa.string())
+    return pa.array(values, field.type)
+
+
+def _inferred(values: list[Any]):
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(values)
+        if not storable(arr.type):
+            raise pa.ArrowNotImplementedError(f"{arr.type} cannot be stored")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        arr = pa.array([_as_text(v) for v in values], pa.string())
+    return arr
 
 
 def _as_text(v: Any) -> str | None:
@@ -156,4 +187,6 @@ FORMAT = Format(
     read=read_parquet,
     write=write_parquet,
     suffix=".parquet",
+    schema=file_schema,
+    typed=True,
 )

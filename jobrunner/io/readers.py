@@ -25,6 +25,9 @@ from jobrunner.types import RowError, RowRef
 class RawRow:
     values: dict[str, Any]
     source: RowRef
+    # Values the row's result keeps in place of `values`' where their Python form drops
+    # digits (formats/parquet.py: a time64[ns] column's Arrow scalars); None: none.
+    exact: dict[str, Any] | None = None
 
 
 Item = RawRow | RowError

@@ -94,6 +94,7 @@ class Manifest:
     outcome: dict[str, Any] = field(default_factory=dict)  # at the end: exit_code, message
     retired_cost_usd: float = 0.0  # paid for failed attempts that --retry-errors ran again
     retiring_cost_usd: float = 0.0  # ... being retired (a --retry-errors in progress)
+    schema: dict[str, Any] = field(default_factory=dict)  # every shard's columns (run_schema.py)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -116,6 +117,12 @@ class RunDir:
         self.success_path = self.path / "_SUCCESS"
         self._error_places = ErrorPlaces()
         self._commits = 0
+        self.schema: Any = None  # the run's Arrow schema (run_schema.settle), once it is open
+
+    @property
+    def write(self) -> Callable[[list[dict[str, Any]], Path], None]:
+        """The shard writer, typed by the run's schema where the format takes one."""
+        return self.shards.writer(self.schema)
 
     # ----------------------------------------------------------------- state
 
@@ -364,12 +371,12 @@ class RunDir:
     ) -> tuple[Path | None, list[dict[str, Any]], list[RowError]]:
         """(temporary shard or None, records in it, errors for the records left out)."""
         try:
-            return write_temp(records, path, self.shards.write), records, []
+            return write_temp(records, path, self.write), records, []
         except OSError:
             raise  # the disk's fault, not a row's: the CLI names it (75 or 78)
         except Exception:
-            kept, failed = split_unwritable(records, self.fmt, sources)
-        return (write_temp(kept, path, self.shards.write) if kept else None), kept, failed
+            kept, failed = split_unwritable(records, self.fmt, sources, self.write)
+        return (write_temp(kept, path, self.write) if kept else None), kept, failed
 
     def forget_failed(self, m: Manifest) -> int:
         """--retry-errors: failed rows become pending again. Returns how many there were.
@@ -420,11 +427,12 @@ class RunDir:
 
 
 def split_unwritable(
-    records: list[dict[str, Any]], fmt: str, sources: list[Any] | None
+    records: list[dict[str, Any]], fmt: str, sources: list[Any] | None, write: Callable
 ) -> tuple[list[dict[str, Any]], list[RowError]]:
-    """(the records the shard format can write, an error for each it cannot); re-raises when
-    every record writes alone (the batch's failure is then not a row's)."""
-    bad = unwritable(records, FORMATS.get(fmt).write)
+    """(the records `write`, the shard writer, can write, an error for each it cannot: a value
+    its format or the run's schema cannot hold); re-raises when every record writes alone (the
+    batch's failure is then not a row's)."""
+    bad = unwritable(records, write)
     if not bad:
         raise
     failed = [
@@ -595,10 +603,18 @@ def make_run_dir(path: Path) -> None:
 def _drop_failed_rows(path: Path) -> None:
     if "error" not in read_column(path, "finish_reason"):
         return
-    kept = [r for r in read_shard(path) if r["finish_reason"] != "error"]
-    if kept:
-        fmt = "parquet" if path.suffix == ".parquet" else "jsonl"
-        write_atomic(kept, path, FORMATS.get(fmt).write)
+    if path.suffix == ".parquet":  # filtered as a table: the shard keeps its schema
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        kept = table.filter(pc.fill_null(pc.not_equal(table["finish_reason"], "error"), True))
+        write = lambda _, tmp: pq.write_table(kept, tmp)  # noqa: E731
+    else:
+        kept = [r for r in read_shard(path) if r["finish_reason"] != "error"]
+        write = lambda _, tmp: FORMATS.get("jsonl").write(kept, tmp)  # noqa: E731
+    if len(kept):
+        write_atomic([], path, write)
     else:
         path.unlink()
         fsync_dir(path.parent)

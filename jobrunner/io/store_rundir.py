@@ -70,6 +70,7 @@ class StoreRunDir:
         self._head: dict[str, Any] | None = None  # the manifest of the last record holding one
         self._error_places = ErrorPlaces()
         self._commits = 0
+        self.schema: Any = None  # the run's Arrow schema (run_schema.settle), once it is open
 
     @property
     def location(self) -> str:
@@ -240,13 +241,14 @@ class StoreRunDir:
         self, records: list[dict[str, Any]], sources: list[Any] | None
     ) -> tuple[bytes | None, list[dict[str, Any]], list[RowError]]:
         """(the shard's bytes or None, the records in it, errors for those left out)."""
+        write = FORMATS.get(self.fmt).writer(self.schema)
         try:
-            return _encode(records, self.fmt), records, []
+            return _encode(records, self.fmt, write), records, []
         except OSError:
             raise
         except Exception:
-            kept, failed = split_unwritable(records, self.fmt, sources)
-        return (_encode(kept, self.fmt) if kept else None), kept, failed
+            kept, failed = split_unwritable(records, self.fmt, sources, write)
+        return (_encode(kept, self.fmt, write) if kept else None), kept, failed
 
     def _append(self, entry: dict[str, Any]) -> None:
         """Create commit record seq+1; RunLocked if another run created it first."""
@@ -390,14 +392,14 @@ def _head_fields(m: Manifest) -> dict[str, Any]:
     return {k: v for k, v in m.to_json().items() if k != "shards"}
 
 
-def _encode(records: list[dict[str, Any]], fmt: str) -> bytes:
-    """A shard's bytes: written locally first, so the store gets one complete object."""
+def _encode(records: list[dict[str, Any]], fmt: str, write: Callable) -> bytes:
+    """A shard's bytes (`write`: the run's shard writer): written locally first, so the store
+    gets one complete object."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="jobrunner-shard-") as d:
-        shards = FORMATS.get(fmt)
-        tmp = Path(d) / f"shard{shards.suffix}"
-        shards.write(records, tmp)
+        tmp = Path(d) / f"shard{FORMATS.get(fmt).suffix}"
+        write(records, tmp)
         return tmp.read_bytes()
 
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from jobrunner.config import JobConfig
 from jobrunner.formats import input_files, read_rows, resolve_format
-from jobrunner.formats.parquet import open_parquet
+from jobrunner.formats.parquet import open_parquet, raw_rows
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids
-from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.readers import Item
 from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.prep.prepare import derived_name
 from jobrunner.types import RowRef
@@ -85,6 +85,6 @@ class FreshRows:
             lo, hi = np.searchsorted(keep, [start, start + batch.num_rows])
             rows = keep[lo:hi] - start
             if len(rows):
-                for row, values in zip(rows, batch.take(rows).to_pylist(), strict=True):
-                    yield RawRow(values, RowRef(file, first + start + int(row)))
+                refs = [RowRef(file, first + start + int(row)) for row in rows]
+                yield from raw_rows(batch.take(rows), refs)
             start += batch.num_rows

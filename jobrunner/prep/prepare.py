@@ -326,7 +326,7 @@ class Preparer:
     def _columns(self, raw: RawRow) -> dict[str, Any]:
         if not self.cfg.output.keep_input_columns:
             return {}
-        cols = raw.values.copy()
+        cols = raw.values.copy() if raw.exact is None else {**raw.values, **raw.exact}
         # A string id is the `id` column already; another type (an integer) keeps its column.
         if isinstance(cols.get(self.cfg.input.id_column), str):
             del cols[self.cfg.input.id_column]
