@@ -124,7 +124,7 @@ def _adopt_if_empty(rundir: RunDir, manifest: Manifest) -> None:
         manifest.shards or manifest.errors_bytes or rundir.shard_files()
     ):
         log.info("%s holds no results yet: it takes this job's settings", rundir.location)
-        manifest.fingerprint, manifest.job = {}, {}
+        manifest.fingerprint, manifest.job, manifest.schema = {}, {}, {}
 
 
 def _checked_now(rundir, cfg, opts, manifest: Manifest, parts, changes) -> tuple:
