@@ -32,7 +32,7 @@ from jobrunner.io.store_rundir import open_rundir
 from jobrunner.resume import check_same_job, open_run, start_run
 from jobrunner.signals import SignalLatch, raise_on_signal
 from jobrunner.telemetry.model import Report, load_report
-from jobrunner.telemetry.report import write_reports
+from jobrunner.telemetry.report import REPORT_FILES, write_reports
 
 log = logging.getLogger(__name__)
 
@@ -178,15 +178,14 @@ def _close(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> JobSumm
     input.max_error_rate exits 65 and has none (DESIGN.md, "The run directory").
     """
     ran = manifest is not None
-    if ran:
-        finalize = output_format(cfg.output.format).finalize
-        if finalize:
-            finalize(rundir, manifest, cfg)
     m = manifest or rundir.load_manifest() or Manifest()
     failure = _error_rate_error(cfg, m.counts, rundir.location)
     code = failure.exit_code if failure else 0
     if m.finished_at is None or m.outcome.get("exit_code") != code:
         rundir.mark_finished(m, code, str(failure) if failure else "")
+    out = output_format(cfg.output.format)
+    if out.finalize and (ran or _missing(rundir, out.finalized)):
+        out.finalize(rundir, m, cfg)  # after the finish time it records is known
     report = write_reports(rundir) if ran else _load_or_rebuild_report(rundir)
     if failure is None and not rundir.success_marked:
         rundir.mark_success()
@@ -203,10 +202,22 @@ def _close(cfg: JobConfig, rundir: RunDir, manifest: Manifest | None) -> JobSumm
 
 def _load_or_rebuild_report(rundir: RunDir) -> Report:
     try:
-        return load_report(rundir.path)
+        report = load_report(rundir.path)
     except (OSError, ValueError):
         log.info("%s: report.json missing or unreadable; rebuilding the reports", rundir.path)
         return write_reports(rundir)
+    if _missing(rundir, REPORT_FILES):
+        log.info("%s: a report file is missing; rebuilding the reports", rundir.path)
+        return write_reports(rundir)
+    return report
+
+
+def _missing(rundir: RunDir, names: tuple[str, ...]) -> bool:
+    """Whether any of the run directory's files `names` is gone (a rerun remakes them)."""
+    missing = [n for n in names if not (rundir.path / n).exists()]
+    if missing:
+        log.info("%s: %s missing; made again", rundir.path, ", ".join(missing))
+    return bool(missing)
 
 
 def _error_rate_error(cfg: JobConfig, counts: dict[str, int], where) -> InputDataError | None:

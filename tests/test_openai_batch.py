@@ -403,6 +403,13 @@ def test_rerun_does_nothing_and_reassembly_is_exact(batch_run):
     (out / "_SUCCESS").unlink()
     code, summary = run_cli(*args)
     assert (code, summary["rows"]) == (0, {"succeeded": 6, "failed": 3, "skipped": 9})
+    # a finished run whose assembled files or a report were deleted: the rerun makes them again
+    made = {n: (out / n).read_bytes() for n in ("output.jsonl", "batch.json", "report.md")}
+    for name in made:
+        (out / name).unlink()
+    code, summary = run_cli(*args)
+    assert (code, summary["status"]) == (0, "nothing_to_do")
+    assert {n: (out / n).read_bytes() for n in made} == made
 
 
 @pytest.mark.slow

@@ -41,6 +41,7 @@ class Format:
     error_record: Callable[[RowError], dict[str, Any]] | None = None  # None: RowError.to_json
     # (rundir, manifest, cfg): files assembled from the committed shards before _SUCCESS
     finalize: Callable[[Any, Any, Any], None] | None = None
+    finalized: tuple[str, ...] = ()  # the files `finalize` writes: a rerun remakes missing ones
 
     @property
     def shard_format(self) -> str:

@@ -224,6 +224,9 @@ def compare_estimate(path: Path, report: Report) -> dict[str, Any] | None:
     return out
 
 
+REPORT_FILES = ("report.json", "report.md", "report.html", "metrics.prom")  # write_reports'
+
+
 def write_reports(rundir: RunDir) -> Report:
     report = build_report(rundir)
     text = json.dumps(report.to_json(), indent=2, sort_keys=True)

@@ -7,7 +7,7 @@ Batch API client reads.
 
 from jobrunner.formats.base import Format
 from jobrunner.formats.openai_batch.embeddings import OpenAIEmbedPreparer
-from jobrunner.formats.openai_batch.output import error_record, finalize
+from jobrunner.formats.openai_batch.output import BATCH_FILE, OUTPUT_FILE, error_record, finalize
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
 from jobrunner.formats.openai_batch.read import claims, parse_batch_line, read_openai_batch
 
@@ -21,4 +21,5 @@ FORMAT = Format(
     shards="jsonl",
     error_record=error_record,
     finalize=finalize,
+    finalized=(OUTPUT_FILE, BATCH_FILE),
 )

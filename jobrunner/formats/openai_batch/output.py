@@ -315,8 +315,8 @@ def batch_object(
         "error_file_id": ERRORS_FILE if failed else None,
         "created_at": int(manifest.started_at or now),
         "in_progress_at": int(manifest.started_at or now),
-        "finalizing_at": now,
-        "completed_at": now,
+        "finalizing_at": int(manifest.finished_at or now),
+        "completed_at": int(manifest.finished_at or now),
         "model": cfg.model.source,
         "request_counts": {
             "total": t.completed + failed,
