@@ -242,7 +242,7 @@ def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
     preparer = make_preparer(cfg, tokenizer=None)
     for file in input_files(cfg.input.path):
         fmt = detect_format(file, cfg.input.format)
-        if _vectorized(preparer, fmt):
+        if _vectorized(preparer, fmt) and fmt == "parquet":  # CSV: the reader has the lines
             found = _fast_places(cfg, file, fmt, derived_name(file, root), suspects)
         else:
             found = _row_places(preparer, file, fmt, cfg.input.batch_rows, suspects)
@@ -261,9 +261,7 @@ def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray):
             continue
         hits = valid[np.isin(hash_ids(ids.take(valid)), suspects)]
         for k in hits:
-            row = first + int(k)
-            ref = RowRef(file, row, line=row + 2) if fmt == "csv" else RowRef(file, row)
-            yield ids[int(k)].as_py(), str(ref)
+            yield ids[int(k)].as_py(), str(RowRef(file, first + int(k)))
 
 
 def _row_places(preparer, file: str, fmt: str, batch_rows: int, suspects: np.ndarray):

@@ -240,3 +240,15 @@ def test_every_arrow_type_as_an_input_column_or_a_prompt(echo_engine, tmp_path, 
             tmp_path, tmp_path / "in.parquet", out_fmt, name, prompt={"column": name}
         )
         assert_each_row_once(code, summary, out, n)
+
+
+def test_a_ragged_csv_row_is_a_row_error_and_the_other_rows_run(echo_engine, tmp_path):
+    inp = tmp_path / "in.csv"
+    inp.write_bytes(b"id,prompt\n1,ok\n2,a,b\n3,ok")
+    code, summary, out = run_job(tmp_path, inp)
+    assert code == 0, summary
+    ids, errors = outcomes(out)
+    assert sorted(ids) == ["1", "3"]
+    assert [(e["code"], e["line"], e["message"]) for e in errors] == [
+        ("malformed_csv", 3, f"{inp}:line 3: malformed CSV: expected 2 fields, got 3")
+    ]

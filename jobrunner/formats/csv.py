@@ -1,54 +1,40 @@
-"""CSV input (a header line, then rows); every column is read as a string."""
+"""CSV input (a header line, then rows); every value is read as a string, "" when empty.
+
+io.csv_rows cuts the file into rows: a bad row (ragged, not UTF-8) is its RowError and its
+neighbours are read; RowRef.line is the physical line the row starts on.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
-from jobrunner.io.fs import open_file
+from jobrunner.io.csv_rows import Block, CsvRows
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.types import RowRef
+from jobrunner.types import RowError, RowRef
+
+SLICE_ROWS = 1024  # a fast-path block becomes dicts this many rows at a time
 
 
 def read_csv(file: str, batch_rows: int) -> Iterator[Item]:
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-
-    opts = pcsv.ReadOptions(block_size=1 << 20)
-    # Strings stay strings: an id column of digits must not become an integer.
-    convert = pcsv.ConvertOptions(column_types=_all_strings(file), strings_can_be_null=False)
-    try:
-        stream = pcsv.open_csv(open_file(file), read_options=opts, convert_options=convert)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputDataError(f"{file}: not a readable CSV file: {e}") from e
-    row = 0
-    while True:
-        try:
-            batch = stream.read_next_batch()
-        except StopIteration:
-            return
-        except (pa.ArrowInvalid, OSError) as e:  # e.g. a row with too many fields
-            raise InputDataError(
-                f"{file}: unreadable after line {row + 1} ({e}); the lines before it are read."
-                " Repair the file and run again"
-            ) from e
-        for values in batch.to_pylist():
-            yield RawRow(values, RowRef(file, row, line=row + 2))  # +1 header, 1-based
-            row += 1
+    reader = CsvRows(file)
+    for part in reader.parts():
+        if isinstance(part, Block):
+            yield from _block_rows(file, part)
+            continue
+        ref = RowRef(file, part.row, part.line)
+        if part.problem is None:
+            yield RawRow(dict(zip(reader.header, part.fields, strict=True)), ref)
+        else:
+            code, message, column = part.problem
+            yield RowError(code, f"{ref}: {message}", ref, field=column)
 
 
-def _all_strings(file: str) -> dict[str, Any]:
-    import csv
-    import io
-
-    import pyarrow as pa
-
-    with open_file(file) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
-        header = next(csv.reader(text), [])
-    return {name: pa.string() for name in header}
+def _block_rows(file: str, block: Block) -> Iterator[RawRow]:
+    for start in range(0, block.table.num_rows, SLICE_ROWS):
+        at = block.row + start, block.line + start
+        for k, values in enumerate(block.table.slice(start, SLICE_ROWS).to_pylist()):
+            yield RawRow(values, RowRef(file, at[0] + k, at[1] + k))
 
 
 def file_schema(file: str) -> Any:

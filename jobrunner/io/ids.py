@@ -20,6 +20,7 @@ import numpy as np
 
 SORTED_LOOKUP = 1024  # queries from which contains_hashes sorts them first
 LOOKUP_CHUNK = 1 << 20  # queries contains_hashes answers at once
+CSV_ID_ROWS = 1 << 16  # ids of parsed CSV rows per batch
 SEED = 0x6A6F6272  # fixed: the same id hashes alike in every batch of this process
 _TEXT_OR_INT = ("string", "large_string", "string_view", "int8", "int16", "int32", "int64")
 _TEXT_OR_INT += ("uint8", "uint16", "uint32", "uint64")
@@ -167,23 +168,39 @@ def iter_id_batches(file: str, fmt: str, id_column: str | None) -> Any:
                 yield first, batch
                 first += batch.num_rows
         return
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
+    yield from _csv_id_batches(file, id_column)
 
-    with open_file(file) as f:
-        header = pcsv.open_csv(f, read_options=pcsv.ReadOptions(block_size=1 << 16))
-        names = header.schema.names
-    has = bool(id_column) and id_column in names
-    types = {n: pa.string() for n in names}
-    convert = pcsv.ConvertOptions(
-        column_types=types, strings_can_be_null=False, include_columns=[id_column] if has else []
-    )
-    with open_file(file) as f:
-        first = 0
-        opts = pcsv.ReadOptions(block_size=1 << 20)
-        for batch in pcsv.open_csv(f, read_options=opts, convert_options=convert):
-            yield first, batch
-            first += batch.num_rows
+
+def _csv_id_batches(file: str, id_column: str | None) -> Any:
+    """The CSV file's rows as io.csv_rows cuts them, the id column alone; a row the reader
+    makes a RowError has a null id. Without an id column, batches of no columns."""
+    from jobrunner.io.csv_rows import Block, CsvRows
+
+    reader, first, ids = CsvRows(file), 0, []
+    k: int | None = None  # the id column's index (-1: none), once the header is read
+    for part in reader.parts([id_column] if id_column else []):
+        if ids and (isinstance(part, Block) or len(ids) == CSV_ID_ROWS):
+            yield first, _ids_batch(ids, id_column if k != -1 else None)
+            first, ids = first + len(ids), []
+        if isinstance(part, Block):
+            for batch in part.table.to_batches():
+                yield first, batch
+                first += batch.num_rows
+            continue
+        if k is None:
+            k = reader.header.index(id_column) if id_column in reader.header else -1
+        ids.append(part.fields[k] if k != -1 and part.problem is None else None)
+    if ids:
+        yield first, _ids_batch(ids, id_column if k != -1 else None)
+
+
+def _ids_batch(ids: list[str | None], id_column: str | None) -> Any:
+    """A batch of the id column, or (no id column: derived ids) of no column, as many rows."""
+    import pyarrow as pa
+
+    if id_column is None:
+        return pa.record_batch({"": pa.nulls(len(ids))}).select([])
+    return pa.record_batch({id_column: pa.array(ids, pa.string())})
 
 
 def committed(done: IdSet | set[str], ids: Sequence[str | None]) -> list[bool]:

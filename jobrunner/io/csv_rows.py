@@ -1,0 +1,242 @@
+"""A CSV file as rows: its header, then each row's fields, physical line and problem, if any.
+
+Python's csv module parses (RFC 4180 quoting; a quoted field may hold newlines). The bytes are
+read in blocks of whole lines, so each row's 1-based starting line is known, and a bad row is
+that row's problem, not the file's: more or fewer fields than the header (`malformed_csv`), or
+bytes that are not UTF-8 (`invalid_utf8`; kept by `surrogateescape`, so they never shift a
+field). Empty lines are not rows (as for Python's DictReader and pyarrow). What cannot be cut
+into rows is the file's error (InputDataError): a header that repeats a name or is not UTF-8,
+a quote opened and never closed, a field past MAX_FIELD_CHARS. An empty file has no rows.
+
+The fast path: in a block after the header with no quote character, valid UTF-8, every comma
+is a separator and every line end a row's end, so pyarrow reads it, vectorized, into the same
+strings (a `Block`); a block pyarrow refuses (a ragged row), or reads into fewer rows than
+lines (it skips empty lines too), is parsed here instead. The
+row reader and the id scan both read through `CsvRows.parts`: they agree on every file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from jobrunner.errors import InputDataError
+from jobrunner.io.fs import open_file
+
+BOM = b"\xef\xbb\xbf"
+BLOCK_BYTES = 1 << 20  # bytes read at once; a block is cut after its last line end
+PLAIN_BLOCK_BYTES = (
+    1 << 18
+)  # pyarrow parses a block in pieces this size, in threads (no quotes: safe)
+MAX_FIELD_CHARS = 1 << 26  # a field past this is an unclosed quote, not a prompt
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8 (surrogateescape)
+_BREAK = re.compile(r"\r\n?|\n")
+
+
+class Row(NamedTuple):
+    row: int  # 0-based row index: the header and empty lines are not rows
+    line: int  # 1-based physical line the row starts on
+    fields: list[str]
+    problem: tuple[str, str, str | None] | None  # (code, message, column) of a bad row
+
+
+class Block(NamedTuple):
+    """Rows read by pyarrow: row `row + i` is the table's row i, on line `line + i`."""
+
+    row: int
+    line: int
+    table: Any  # pyarrow.Table of the columns asked for, every one a string column
+
+
+class CsvRows:
+    """One CSV file read front to back; `header` is known once the first part is out."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.header: list[str] | None = None
+        self.line = 1  # the physical line the next block starts on
+        self.row = 0  # the index the next row gets
+
+    def parts(self, columns: list[str] | None = None, fast: bool = True) -> Iterator[Row | Block]:
+        """The rows in order: each a Row, or many in a Block (the fast path, module doc) that
+        holds the `columns` the header has (None: all of them)."""
+        csv.field_size_limit(max(csv.field_size_limit(), MAX_FIELD_CHARS))
+        try:
+            f = open_file(self.file)
+        except OSError as e:
+            raise InputDataError(f"{self.file}: not a readable CSV file: {e}") from e
+        pending, need = b"", 0  # the lines of a row whose quoted field runs past the blocks
+        try:
+            with f:
+                for data, last in _blocks(f):
+                    pending += data
+                    if not last and len(pending) < need:
+                        continue  # a long row is parsed again only once its data doubled
+                    data, pending = pending, b""
+                    block = self._plain_block(data, columns) if fast else None
+                    if block is not None:
+                        yield block
+                        continue
+                    pending = yield from self._parse(data, last)
+                    need = 2 * len(pending)
+        except OSError as e:
+            raise InputDataError(
+                f"{self.file}: unreadable after line {self.line} ({e}); the lines before it"
+                " are read. Repair the file and run again"
+            ) from e
+
+    def _plain_block(self, data: bytes, columns: list[str] | None) -> Block | None:
+        if self.header is None or not _plain(data):
+            return None
+        names = self.header if columns is None else [c for c in columns if c in self.header]
+        table = read_plain(data, self.header, names)
+        if table is None or table.num_rows != _count_lines(data):
+            return None  # refused (a ragged row), or lines that are no rows (empty lines)
+        block = Block(self.row, self.line, table)
+        self.row += table.num_rows
+        self.line += table.num_rows
+        return block
+
+    def _parse(self, data: bytes, last: bool) -> Iterator[Row]:
+        """The rows of `data` (whole lines from a row boundary); returns the lines of a row
+        the block's end cuts off, to be parsed again with the next block."""
+        lines, escaped = self._lines(data)
+        done: list[bool] = []
+        reader = csv.reader(_until_end(lines, done), strict=False)
+        width = len(self.header) if self.header is not None else 0
+        used = 0  # the lines the rows so far took
+        try:
+            for fields in reader:
+                start = self.line + used
+                if done:  # the data ended inside a quoted field
+                    if last:
+                        raise self._unclosed(start, fields)
+                    return "".join(lines[used:]).encode("utf-8", "surrogateescape")
+                used = reader.line_num
+                if not fields:
+                    continue  # an empty line
+                if self.header is None:
+                    self.header = self._check_header(fields, start, escaped)
+                    width = len(fields)
+                    continue
+                bad = escaped or len(fields) != width
+                yield Row(self.row, start, fields, _problem(self.header, fields) if bad else None)
+                self.row += 1
+        except csv.Error as e:  # a field past MAX_FIELD_CHARS: no row boundary to go on from
+            raise InputDataError(
+                f"{self.file}: line {self.line + used}: the row starting here is not readable"
+                f" CSV ({e}); most likely a quoted field is never closed (a quote inside a"
+                ' quoted field is written twice: ""). Repair the file and run again'
+            ) from e
+        finally:
+            self.line += used
+        return b""
+
+    def _lines(self, data: bytes) -> tuple[list[str], bool]:
+        """`data` as lines, each with its line end; True when bytes that are not UTF-8 were
+        kept as lone surrogates."""
+        if self.line == 1 and data.startswith(BOM):
+            data = data[len(BOM) :]
+        try:
+            text, escaped = data.decode("utf-8"), False
+        except UnicodeDecodeError:
+            text, escaped = data.decode("utf-8", "surrogateescape"), True
+        return io.StringIO(text, newline="").readlines(), escaped
+
+    def _check_header(self, names: list[str], line: int, escaped: bool) -> list[str]:
+        where = f"{self.file}: line {line}"
+        if escaped and any(_ESCAPED.search(n) for n in names):
+            raise InputDataError(
+                f"{where}: the header is not valid UTF-8; save the file as UTF-8 and run again"
+            )
+        seen: dict[str, list[str]] = {}
+        for k, name in enumerate(names, 1):
+            seen.setdefault(name, []).append(str(k))
+        repeats = [f"{n!r} (columns {', '.join(ks)})" for n, ks in seen.items() if len(ks) > 1]
+        if repeats:
+            raise InputDataError(
+                f"{where}: the header repeats column names: {'; '.join(repeats)}; only one of"
+                " each could be read. Give each column its own name and run again"
+            )
+        return names
+
+    def _unclosed(self, start: int, fields: list[str]) -> InputDataError:
+        opens = start + len(_BREAK.findall(",".join(fields[:-1])))
+        return InputDataError(
+            f"{self.file}: line {opens}: a quoted field opens here and is never closed (the file"
+            f" ends inside it), so no row from line {start} on can be read; the rows before it"
+            ' are read. Close the quote (a quote inside a quoted field is written twice: "")'
+            " and run again"
+        )
+
+
+def read_plain(data: bytes, header: list[str], columns: list[str]) -> Any:
+    """A plain block (no quote character, valid UTF-8) read by pyarrow: a Table of
+    `columns`, every value a string ("" when empty); None where pyarrow refuses it."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    opts = pcsv.ReadOptions(column_names=header, block_size=PLAIN_BLOCK_BYTES)
+    convert = pcsv.ConvertOptions(
+        column_types={n: pa.string() for n in header},
+        strings_can_be_null=False,
+        include_columns=columns,
+    )
+    try:
+        return pcsv.read_csv(pa.py_buffer(data), read_options=opts, convert_options=convert)
+    except pa.ArrowInvalid:  # a row of another width than the header's
+        return None
+
+
+def _until_end(lines: list[str], done: list[bool]) -> Iterator[str]:
+    """`lines`, then a mark in `done`: a row that comes out after the mark ran off the end."""
+    yield from lines
+    done.append(True)
+
+
+def _problem(header: list[str], fields: list[str]) -> tuple[str, str, str | None] | None:
+    if len(fields) != len(header):
+        got = len(fields)
+        return "malformed_csv", f"malformed CSV: expected {len(header)} fields, got {got}", None
+    for name, value in zip(header, fields, strict=True):
+        if m := _ESCAPED.search(value):
+            where = f"in column {name!r} at character {m.start() + 1}"
+            return "invalid_utf8", f"the row is not valid UTF-8 {where}", name
+    return None
+
+
+def _plain(data: bytes) -> bool:
+    """Each comma a separator and each line end a row's end: no quote, valid UTF-8."""
+    if b'"' in data:
+        return False
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _count_lines(data: bytes) -> int:
+    """Lines in `data`: line ends (\n, \r\n or a lone \r, as the csv module's lines end),
+    and a last line without one."""
+    ends = data.count(b"\n")
+    if b"\r" in data:
+        ends += data.count(b"\r") - data.count(b"\r\n")
+    return ends + (bool(data) and not data.endswith((b"\n", b"\r")))
+
+
+def _blocks(f) -> Iterator[tuple[bytes, bool]]:
+    """The file in blocks of whole lines, True with the last (which may lack its line end)."""
+    rest = b""
+    while chunk := f.read(BLOCK_BYTES):
+        data = rest + chunk
+        cut = data.rfind(b"\n") + 1 or data.rfind(b"\r", 0, len(data) - 1) + 1
+        if cut:  # a lone \r is cut at only where the next byte shows it is not \r\n
+            yield data[:cut], False
+        rest = data[cut:]
+    yield rest, True
