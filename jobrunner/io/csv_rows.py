@@ -8,11 +8,14 @@ field). Empty lines are not rows (as for Python's DictReader and pyarrow). What 
 into rows is the file's error (InputDataError): a header that repeats a name or is not UTF-8,
 a quote opened and never closed, a field past MAX_FIELD_CHARS. An empty file has no rows.
 
-The fast path: in a block after the header with no quote character, valid UTF-8, every comma
-is a separator and every line end a row's end, so pyarrow reads it, vectorized, into the same
-strings (a `Block`); a block pyarrow refuses (a ragged row), or reads into fewer rows than
-lines (it skips empty lines too), is parsed here instead. The
-row reader and the id scan both read through `CsvRows.parts`: they agree on every file.
+The fast path: a block after the header, valid UTF-8, that pyarrow reads into as many rows as
+it has lines, the last line's quotes closed, has each row on one line; there pyarrow cuts the
+rows where the csv module does, and its quoting rules give the same strings (a doubled quote
+is one, a quote inside an unquoted field is kept, text after a closing quote is appended;
+where they part, `"x" ,y`, pyarrow refuses the block). Such a block is read vectorized (a
+`Block`); any other block is parsed here. tests/test_csv_input.py checks that both paths give
+the same rows at any block size. The row reader and the id scan both read through
+`CsvRows.parts`: they agree on every file.
 """
 
 from __future__ import annotations
@@ -28,9 +31,7 @@ from jobrunner.io.fs import open_file
 
 BOM = b"\xef\xbb\xbf"
 BLOCK_BYTES = 1 << 20  # bytes read at once; a block is cut after its last line end
-PLAIN_BLOCK_BYTES = (
-    1 << 18
-)  # pyarrow parses a block in pieces this size, in threads (no quotes: safe)
+PLAIN_BLOCK_BYTES = 1 << 18  # pyarrow parses a block in pieces this size, in threads
 MAX_FIELD_CHARS = 1 << 26  # a field past this is an unclosed quote, not a prompt
 _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8 (surrogateescape)
 _BREAK = re.compile(r"\r\n?|\n")
@@ -89,12 +90,15 @@ class CsvRows:
             ) from e
 
     def _plain_block(self, data: bytes, columns: list[str] | None) -> Block | None:
-        if self.header is None or not _plain(data):
+        if self.header is None or not _is_utf8(data):
             return None
         names = self.header if columns is None else [c for c in columns if c in self.header]
-        table = read_plain(data, self.header, names)
+        quoted = b'"' in data
+        table = read_plain(data, self.header, names, quoted)
         if table is None or table.num_rows != _count_lines(data):
-            return None  # refused (a ragged row), or lines that are no rows (empty lines)
+            return None  # refused (a ragged row), or lines that are not one row each
+        if quoted and not _closes(_last_line(data)):
+            return None  # the last row's quoted field runs on into the next block
         block = Block(self.row, self.line, table)
         self.row += table.num_rows
         self.line += table.num_rows
@@ -173,20 +177,22 @@ class CsvRows:
         )
 
 
-def read_plain(data: bytes, header: list[str], columns: list[str]) -> Any:
-    """A plain block (no quote character, valid UTF-8) read by pyarrow: a Table of
-    `columns`, every value a string ("" when empty); None where pyarrow refuses it."""
+def read_plain(data: bytes, header: list[str], columns: list[str], quoted: bool) -> Any:
+    """A block of valid UTF-8 read by pyarrow: a Table of `columns`, every value a string
+    ("" when empty); None where pyarrow refuses it."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     opts = pcsv.ReadOptions(column_names=header, block_size=PLAIN_BLOCK_BYTES)
+    parse = pcsv.ParseOptions(newlines_in_values=quoted)  # quoted: cut its pieces by quotes
     convert = pcsv.ConvertOptions(
         column_types={n: pa.string() for n in header},
         strings_can_be_null=False,
         include_columns=columns,
     )
     try:
-        return pcsv.read_csv(pa.py_buffer(data), read_options=opts, convert_options=convert)
+        buf = pa.py_buffer(data)
+        return pcsv.read_csv(buf, read_options=opts, parse_options=parse, convert_options=convert)
     except pa.ArrowInvalid:  # a row of another width than the header's
         return None
 
@@ -208,10 +214,19 @@ def _problem(header: list[str], fields: list[str]) -> tuple[str, str, str | None
     return None
 
 
-def _plain(data: bytes) -> bool:
-    """Each comma a separator and each line end a row's end: no quote, valid UTF-8."""
-    if b'"' in data:
-        return False
+def _closes(line: bytes) -> bool:
+    """Whether a line read alone ends outside a quoted field."""
+    done: list[bool] = []
+    next(csv.reader(_until_end([line.decode("utf-8")], done), strict=False), None)
+    return not done
+
+
+def _last_line(data: bytes) -> bytes:
+    body = data.removesuffix(b"\n").removesuffix(b"\r")
+    return body[max(body.rfind(b"\n"), body.rfind(b"\r")) + 1 :]
+
+
+def _is_utf8(data: bytes) -> bool:
     if data.isascii():
         return True
     try:
