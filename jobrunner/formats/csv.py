@@ -7,6 +7,7 @@ neighbours are read; RowRef.line is the physical line the row starts on.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from jobrunner.formats.base import Format
 from jobrunner.io.csv_rows import Block, CsvRows
@@ -38,9 +39,12 @@ def _block_rows(file: str, block: Block) -> Iterator[RawRow]:
 
 
 def file_schema(file: str) -> Any:
+    """Every column a string (run_schema.py), named by the header."""
     import pyarrow as pa
 
-    return pa.schema(_all_strings(file))
+    reader = CsvRows(file)
+    next(iter(reader.parts()), None)  # the header is known once the first part is out
+    return pa.schema({name: pa.string() for name in reader.header or []})
 
 
 FORMAT = Format("csv", suffixes=(".csv",), read=read_csv, schema=file_schema)
