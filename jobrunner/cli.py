@@ -155,6 +155,12 @@ def run(
     verbose: VerboseOpt = False,
 ) -> None:
     """Run a job: every input row gets a completion; resumes where an earlier run stopped."""
+    if restart and retry_errors:  # one discards every result, the other keeps all but failed
+        raise typer.BadParameter(
+            "--restart discards every earlier result and --retry-errors keeps all but the"
+            " failed rows: give one of them",
+            param_hint="'--restart' / '--retry-errors'",
+        )
     _setup_logging(verbose)
     collector.pause()  # the start-up's imports make little garbage; on again once it is done
     try:
@@ -207,15 +213,18 @@ def estimate(
 
         cfg = _load(job, set_)
         est = estimate_job(cfg, calibrate)
-        path = save_estimate(cfg, est)
+        path, not_saved = save_estimate(cfg, est)
     except Exception as e:
         _fail(e)
         return
     typer.echo(to_text(est), err=True)
+    if path is None:
+        typer.echo(f"estimate.json not written: {not_saved}", err=True)
     _print_summary(
         {
             "status": "ok",
-            "estimate": str(path),
+            "estimate": str(path) if path else None,
+            **({"not_written": not_saved} if path is None else {}),
             **{
                 k: est[k]
                 for k in ("rows", "prompt_tokens", "completion_tokens", "wall_seconds", "cost_usd")

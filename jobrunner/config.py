@@ -278,6 +278,9 @@ class JobConfig(_Strict):
                 }
             ),
             "generation": self.generation.model_dump(),
+            # the shape of result rows and shards: a run's results/ holds one (not shard_rows,
+            # shard_seconds or path, which change where and when rows are committed, not them)
+            "output": self.output.model_dump(include={"format", "keep_input_columns"}),
         }
 
 

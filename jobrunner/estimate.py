@@ -6,7 +6,8 @@ deduplication the run will do, and replays the rows through the paged scheduler'
 that `--calibrate N` and every earlier run measured here, telemetry.profile), else a roofline
 guess, labelled as such. Completion lengths are exact for rows that ignore EOS, and for the rest
 the share of max_new_tokens this model used in the profile (or in the calibration sample), else
-the upper bound. The estimate is saved as <output.path>/estimate.json; the report compares it.
+the upper bound. The estimate is saved as <output.path>/estimate.json when output.path is new or
+a run of this job (`save_estimate`); the report compares it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from jobrunner.config import JobConfig
 from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, pick_dtype
 from jobrunner.engine.samples import num_runs
 from jobrunner.formats import make_preparer, read_rows
+from jobrunner.io.rundir import make_run_dir
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
 from jobrunner.sched.block_manager import CHILDREN_KEPT, min_partial
@@ -404,13 +406,27 @@ def _config_params(where: Path) -> int:
     return int(layers * per_layer + vocab * h * (1 if tied else 2))
 
 
-def save_estimate(cfg: JobConfig, est: dict[str, Any]) -> Path:
+def save_estimate(cfg: JobConfig, est: dict[str, Any]) -> tuple[Path | None, str]:
+    """(estimate.json's path, "") once written into the job's run directory, or (None, why not).
 
-    out = Path(cfg.output.path)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / ESTIMATE_FILE
-    write_text_atomic(path, json.dumps(est, indent=2, sort_keys=True))
-    return path
+    It is written only where `run` would take output.path as this job's (new, empty, or a run
+    of this job: lifecycle.output_state), so a user's folder or another job's run is untouched;
+    a store run's goes to its local staging directory, where its report looks for it."""
+    from jobrunner.errors import JobError, from_os_error
+    from jobrunner.lifecycle import output_state, run_dir
+
+    try:
+        output_state(cfg)
+        rundir = run_dir(cfg)
+        make_run_dir(rundir.path)
+        path = rundir.path / ESTIMATE_FILE
+        write_text_atomic(path, json.dumps(est, indent=2, sort_keys=True))
+    except (JobError, OSError) as e:
+        user = e if isinstance(e, JobError) else from_os_error(e)
+        if user is None:
+            raise
+        return None, str(user)
+    return path, ""
 
 
 def to_text(e: dict[str, Any]) -> str:

@@ -44,6 +44,7 @@ __all__ = [
     "execute",
     "finish_run",
     "open_run",
+    "output_state",
     "run_dir",
     "stop_before_rows",
 ]
@@ -127,6 +128,18 @@ def run_dir(cfg: JobConfig) -> RunDir:
     the output format's shape."""
     out = output_format(cfg.output.format)
     return open_rundir(cfg.output.path, out.shard_format, out.error_record)
+
+
+def output_state(cfg: JobConfig) -> str:
+    """What `run` would find at output.path, by the checks `run` makes, writing nothing: "new",
+    "resumes" (this job, unfinished) or "finished" (this job); raises what `run` would raise
+    (78: a directory not a run's or inside another run's, a different job)."""
+    rundir = run_dir(cfg)
+    rundir.check_ours()
+    if rundir.load_manifest() is None:
+        return "new"
+    check_same_job(rundir, cfg)
+    return "finished" if rundir.finished else "resumes"
 
 
 def answer_finished(rundir: RunDir, cfg: JobConfig, opts: RunOptions) -> JobSummary | None:

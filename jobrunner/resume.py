@@ -14,13 +14,14 @@ import logging
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
 from jobrunner import run_schema
 from jobrunner.config import JobConfig, fingerprint
 from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
-from jobrunner.formats import input_files
+from jobrunner.formats import input_files, shard_format
 from jobrunner.input_check import InputCheck
 from jobrunner.input_scan import (  # noqa: F401  (scan_ids: callers)
     Scan,
@@ -88,8 +89,8 @@ def start_run(
     run directory, every input file Parquet read by the column preparer (its row count is in the
     footers), at least CHECK_WHILE_STARTING_ROWS rows and no input change to explain. The pass (duplicate ids, strays, row digests) then
     runs in the yielded InputCheck, which the run waits for before its first commit."""
+    rundir.check_ours()  # before any folder or lock file: a directory not ours gets nothing
     make_run_dir(rundir.path)  # a store run directory's local staging directory
-    rundir.check_ours()  # before the lock file: a directory that is not ours gets nothing
     with _lock(rundir):
         rundir.check_ours()
         if opts.restart:
@@ -217,15 +218,33 @@ def _check_settings(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
     if not manifest.fingerprint:
         return
     fp = job_fingerprint({k: v for k, v in parts.items() if k != "input"})
-    changed = [k for k in fp if manifest.fingerprint.get(k) != fp[k]]
-    if changed:
-        lines = [d for k in changed for d in _diff(k, manifest.job.get(k), parts[k])]
+    gone = [k for k in manifest.fingerprint if k not in fp and k != "input"]  # task: embed left
+    changed = [k for k in [*fp, *gone] if manifest.fingerprint.get(k) != fp.get(k)]
+    settings = [k for k in changed if k != "output"]
+    lines = [d for k in settings for d in _diff(k, manifest.job.get(k), parts.get(k))]
+    if "output" in changed:
+        lines += _output_changes(rundir, manifest.job.get("output"), parts["output"])
+    if settings or lines:
         raise ResumeMismatch(
             f"{rundir.path} holds a different job; changed since it started:\n"
             + "\n".join(f"  {d}" for d in lines[:MAX_DUPLICATES_LISTED])
             + "\nrun the earlier job file again to continue it, use a new output.path,"
             " or --restart to discard the earlier results"
         )
+
+
+def _output_changes(rundir: RunDir, old: dict | None, new: dict) -> list[str]:
+    """The output settings that changed. A manifest from before they were recorded (`old`
+    None) is held to its shards: one of another format than this job's is a changed format."""
+    if old is not None:
+        return _diff("output", old, new)
+    suffix = shard_format(new["format"]).suffix
+    found = sorted({Path(str(f)).suffix for f in rundir.shard_files()} - {suffix})
+    return (
+        [f"output.format: results/ holds {', '.join(found)} shards -> {new['format']!r}"]
+        if found
+        else []
+    )
 
 
 def _input_changes(manifest: Manifest, parts: dict) -> FileChanges:

@@ -59,41 +59,24 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
 
 
 def check_output(cfg: JobConfig) -> str:
-    """Whether `run` can write output.path: "new", "resumes" or "finished"; ConfigError if not.
+    """Whether `run` can write output.path: "new", "resumes" or "finished"; an error (78) if not,
+    by the checks `run` makes (lifecycle.output_state), after a local folder's writability."""
+    from jobrunner.lifecycle import output_state
 
-    A run directory holding a different job is refused here as `run` would refuse it."""
-    from jobrunner.io.rundir import RunDir
-    from jobrunner.resume import check_same_job
+    if "://" not in cfg.output.path:
+        _check_writable(Path(cfg.output.path))
+    return output_state(cfg)
 
-    path = Path(cfg.output.path)
-    if "://" in cfg.output.path:
-        return _check_store_output(cfg)
+
+def _check_writable(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output.path: {path} is a file; the run directory must be a folder")
     if not path.exists():
         parent = next(p for p in path.parents if p.exists())
         if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
             raise ConfigError(f"output.path: cannot create {path}: {parent} is not writable")
-        return "new"
-    if not os.access(path, os.W_OK | os.X_OK):
+    elif not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"output.path: {path} is not writable")
-    rundir = RunDir(path)
-    if rundir.load_manifest() is None:
-        return "new"
-    check_same_job(rundir, cfg)
-    return "finished" if rundir.finished else "resumes"
-
-
-def _check_store_output(cfg: JobConfig) -> str:
-    from jobrunner.io.store_rundir import open_rundir
-    from jobrunner.resume import check_same_job
-
-    rundir = open_rundir(cfg.output.path)
-    rundir.check_ours()
-    if rundir.load_manifest() is None:
-        return "new"
-    check_same_job(rundir, cfg)
-    return "finished" if rundir.finished else "resumes"
 
 
 def to_text(summary: dict[str, Any]) -> str:

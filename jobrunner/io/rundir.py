@@ -33,6 +33,7 @@ from jobrunner.errors import RunDirError
 from jobrunner.formats import FORMATS
 from jobrunner.io import row_ranges
 from jobrunner.io.fs import open_file
+from jobrunner.io.identity import is_run_dir
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.writers import (
     fsync_dir,
@@ -63,7 +64,15 @@ OWN_FILES = (
     "ray-errors",
     "output.jsonl",
     "batch.json",
+    "estimate.json",  # `jobrunner estimate`'s, for the job the directory held
 )
+# What runs write inside the folders above; --restart refuses anything else there (the user's).
+OWN_FOLDER_FILES: dict[str, Callable[[str], bool]] = {
+    "results": lambda name: is_shard_name(name),
+    "rows": lambda name: is_shard_name(name),  # io/row_ranges.py: one file per shard, its name
+    "telemetry": lambda name: name in {"device.parquet", "steps.parquet", "rows.parquet"},
+    "ray-errors": lambda name: name.endswith(".jsonl"),  # executors/ray_blocks.py fragments
+}
 # Present in a directory before its first manifest: a run that stopped before writing one.
 BEFORE_MANIFEST = {".lock", "results", "input_rows.parquet", "estimate.json"}
 SHARD_NAME = re.compile(r"part-[A-Za-z0-9-]+(\.[a-z0-9]+)")  # and a shard format's suffix
@@ -140,7 +149,22 @@ class RunDir:
         check_ours(self)
 
     def clear(self) -> None:
-        """--restart: remove what runs write (check_ours made sure the directory is a run's)."""
+        """--restart: remove what runs write (check_ours made sure the directory is a run's).
+        A file of the user's among them is refused first (78), so nothing is half removed."""
+        foreign = [
+            p
+            for folder, ours in OWN_FOLDER_FILES.items()
+            if (self.path / folder).is_dir()
+            for p in sorted((self.path / folder).iterdir())
+            if not (p.is_file() and (ours(p.name) or TEMP_NAME.fullmatch(p.name)))
+        ]
+        if foreign:
+            shown = ", ".join(str(p) for p in foreign[:5])
+            more = f", ... {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            raise RunDirError(
+                f"--restart removes only the files a run wrote, and {shown}{more} is not one:"
+                f" move it out of {foreign[0].parent.name}/ and run again (nothing was removed)"
+            )
         for name in OWN_FILES:
             p = self.path / name
             if p.is_dir():
@@ -553,7 +577,9 @@ def _failed_rows_cost(path: Path) -> float:
 
 def check_ours(rundir: RunDir) -> None:
     """A directory is a run's when it holds a manifest, or nothing a run would not write before
-    its first one; anything else is the user's and is refused, never truncated or deleted."""
+    its first one; anything else is the user's and is refused, never truncated or deleted.
+    A directory inside another run's is refused too (check_not_inside_a_run)."""
+    check_not_inside_a_run(rundir.path)
     if rundir.manifest_path.exists() or not rundir.path.is_dir():
         return  # a run's, or nothing yet (make_run_dir names a file in its place)
     foreign = [
@@ -566,6 +592,19 @@ def check_ours(rundir: RunDir) -> None:
     ]
     if foreign:
         raise not_a_run(str(rundir.path), "no manifest.json", foreign, "into an empty directory")
+
+
+def check_not_inside_a_run(path: Path) -> None:
+    """A run directory inside another one would break it (a folder in its results/, another
+    job's files among its own; --restart of either would delete the other's): refused (78).
+    The other way round needs no check: a folder holding a run below it is not empty and not a
+    run's (check_ours refuses it), and a run's own folders hold only its files (clear)."""
+    for above in Path(path).resolve().parents:
+        if is_run_dir(above):
+            raise RunDirError(
+                f"output.path {path} is inside the run directory {above}: a run directory holds"
+                " one run's files only. Choose an output.path outside it"
+            )
 
 
 def not_a_run(where: str, lacks: str, foreign: list[str], empty: str) -> RunDirError:

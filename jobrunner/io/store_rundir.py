@@ -336,6 +336,7 @@ class StoreRunDir:
             self.fs.rm(self.root, recursive=True)
         self._shards, self._errors, self._seq, self._head = [], [], -1, None
         self._clear_staging()
+        (self.path / "estimate.json").unlink(missing_ok=True)  # the earlier job's, as locally
 
     def _clear_staging(self) -> None:
         import shutil
