@@ -123,6 +123,21 @@ def test_a_job_asking_more_dimensions_than_the_model_has_stops_before_any_row(tm
         run_job(batch_job(tmp_path, lines, task="embed", embedding={"dimensions": 32}))
 
 
+def test_a_custom_id_like_another_lines_input_ids_fails_that_line_alone(tmp_path):
+    """A line of several inputs keys them `<custom_id>#<index>`: a custom_id spelled like one
+    of them, before or after, is a repeated id of that line, not a job failure."""
+    lines = [
+        line("e2#1", {"input": "first"}),
+        line("e2", {"input": ["a", "b"]}),  # its inputs' ids: e2#0, e2#1
+        line("f", {"input": ["c", "d"]}),
+        line("f#0", {"input": "later"}),
+    ]
+    run_job(batch_job(tmp_path, lines, task="embed"))
+    out = tmp_path / "out"
+    assert set(output_lines(out)) == {"e2#1", "f"}
+    assert errors(out) == {"e2": "duplicate_custom_id", "f#0": "duplicate_custom_id"}
+
+
 def test_too_long_inputs_are_cut_when_the_job_says_so(tmp_path):
     lines = [line("long", {"input": "word " * 400})]
     run_job(batch_job(tmp_path, lines, input={"on_too_long": "truncate_right"}))

@@ -20,6 +20,7 @@ from typing import Any
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
 from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens, special_span
+from jobrunner.prep.prepare import derived_id
 from jobrunner.prep.render import RenderError
 from jobrunner.types import Request, RowError
 
@@ -47,6 +48,27 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
         super().__init__(cfg, tokenizer)
         self.limit = max_input_tokens(cfg, tokenizer)
         self.span = special_span(tokenizer)  # texts get the tokenizer's special tokens
+
+    def row_id(self, raw) -> str | RowError:
+        """The custom_id, as OpenAIPreparer checks it; a line whose inputs' ids
+        (`<custom_id>#<index>`) another line already uses, as its custom_id or as one of its
+        inputs' ids, is a per-line error like a repeated custom_id."""
+        cid = super().row_id(raw)
+        if not isinstance(cid, str):
+            return cid
+        ids = self.result_ids(cid, raw)[1:]
+        if taken := [i for i in ids if i in self._seen]:
+            return BatchLineError(
+                "duplicate_custom_id",
+                f"{raw.source}: {taken[0]!r}, the id of one of this line's inputs, is used by"
+                " an earlier line; rename one of the two custom_ids",
+                raw.source,
+                derived_id(raw.source),
+                "custom_id",
+                custom_id=cid,
+            )
+        self._seen.update(ids)
+        return cid
 
     def result_ids(self, row_id: str, raw) -> list[str]:
         """A line of several inputs ends as `<custom_id>#<index>` rows (or, failed, as its
