@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import logging
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from jobrunner.errors import InputDataError
 from jobrunner.io.fs import glob_files, is_remote, local_path
 from jobrunner.io.identity import input_root, outside_run_dirs
 from jobrunner.types import RowError, RowRef
+
+log = logging.getLogger(__name__)
+
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".snappy")
+MAX_SKIPPED_NAMED = 5  # files a directory's skipped-files warning names
 
 
 @dataclass
@@ -42,8 +48,8 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     objects a glob matches."""
     path = local_path(path)
     if is_remote(path):
-        named = glob.has_magic(path) or Path(path).suffix in suffixes
-        found = [f for f in glob_files(path) if named or Path(f).suffix in suffixes]
+        named = glob.has_magic(path) or _suffix(path) in suffixes
+        found = [f for f in glob_files(path) if named or _suffix(f) in suffixes]
         if not found:
             raise InputDataError(f"input.path: no input files found at {path!r}")
         return found
@@ -51,7 +57,9 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     if p.is_file():
         return [str(p)]
     if p.is_dir():
-        files = [f for f in walk_files(p) if Path(f).suffix in suffixes]
+        every = walk_files(p)
+        files = [f for f in every if _suffix(f) in suffixes]
+        _note_skipped(path, [f for f in every if _suffix(f) not in suffixes])
     elif "**" in path:
         files = _recursive_glob(os.path.expanduser(path))
     else:
@@ -60,6 +68,35 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     if not files:
         raise InputDataError(f"input.path: no input files found at {path!r}")
     return files
+
+
+def _suffix(file: str) -> str:
+    return Path(file).suffix.lower()  # data.JSONL is JSONL
+
+
+def _note_skipped(path: str, skipped: list[str]) -> None:
+    """A directory's files of no input format are not read: say which, never silently."""
+    skipped = outside_run_dirs(sorted(skipped), input_root(path))
+    if not skipped:
+        return
+    packed = [f for f in skipped if _suffix(f) in COMPRESSED]
+    names = ", ".join(os.path.relpath(f, path) for f in skipped[:MAX_SKIPPED_NAMED])
+    more = (
+        f" and {len(skipped) - MAX_SKIPPED_NAMED} more" if len(skipped) > MAX_SKIPPED_NAMED else ""
+    )
+    why = (
+        f"; {len(packed)} of them compressed, which input.path does not read: decompress them"
+        if packed
+        else ""
+    )
+    log.warning(
+        "input.path %s: %d files of no input format are not read (%s%s)%s",
+        path,
+        len(skipped),
+        names,
+        more,
+        why,
+    )
 
 
 def walk_files(root: Path) -> list[str]:
