@@ -44,6 +44,19 @@ def write_lines(path, rows):
 # ------------------------------------------------------------------ body parsing (no model)
 
 
+TOOL_HISTORY = [  # an assistant turn of tool calls (content null), then the tool's answer
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]
+
+
 def render(messages):
     return "|".join(m["role"] + ":" + m["content"] for m in messages)
 
@@ -106,6 +119,7 @@ def test_body_fields_become_per_line_sampling_params():
         (line("a", CHAT, chat("x", stop=[1])), "bad_body", "body.stop"),
         (line("a", COMPL, {"prompt": ["p", "q"]}), "bad_body", "body.prompt"),
         (line("a", COMPL, {"prompt": "  "}), "empty_prompt", "body.prompt"),
+        (line("a", CHAT, {"messages": TOOL_HISTORY}), "unsupported", "body.messages[1].tool_calls"),
     ],
 )
 def test_bad_lines_are_rejected_with_code_and_field(values, code, field):

@@ -225,8 +225,20 @@ def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str
         content = m.get("content")
         if isinstance(content, list):
             content = content_text(content, f"{column}[{i}].content")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise RenderError(
+                "unsupported",
+                f"{column}[{i}] is a turn of tool calls: earlier tool calls in the messages are"
+                " not supported (turns are rendered as text); send them as text, or remove them",
+                f"{column}[{i}].tool_calls",
+            )
         if not isinstance(content, str):
-            raise RenderError("bad_type", f"{column}[{i}].content must be a string", column)
+            got = "null" if content is None else type(content).__name__
+            raise RenderError(
+                "bad_type",
+                f"{column}[{i}].content must be a string or a list of text parts, got {got}",
+                column,
+            )
         out.append({"role": m["role"], "content": content})
     if not any(m["content"].strip() for m in out):
         raise RenderError("empty_prompt", f"every message in {column!r} is empty", column)
