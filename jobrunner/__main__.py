@@ -1,5 +1,5 @@
 """`python -m jobrunner` runs the CLI."""
 
-from jobrunner.cli import main
+from jobrunner.entry import main
 
 main()

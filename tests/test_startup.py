@@ -72,3 +72,24 @@ def test_a_gguf_caches_tokenizer_loads_as_autotokenizer_loads_it(model_f32):
         assert ours.apply_chat_template(chat, tokenize=False) == auto.apply_chat_template(
             chat, tokenize=False
         )
+
+
+STOPPED_EARLY = """
+import os, signal, time
+from jobrunner.entry import install
+install()  # what the command does first, before the CLI's imports
+os.kill(os.getpid(), signal.{name})
+import jobrunner.cli  # the imports a signal may interrupt
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_start_up_exits_75(name):
+    """A scheduler's SIGTERM (or a Ctrl-C) while the command still imports: exit 75, "run
+    again", not the signal's own status (143, 130). The installed command starts there."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", STOPPED_EARLY.format(name=name)], env=env, timeout=60)
+    assert p.returncode == 75
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'jobrunner = "jobrunner.entry:main"' in pyproject
