@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -94,20 +94,24 @@ class InputConfig(_Strict):
 
 class GenerationConfig(_Strict):
     max_new_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     seed: int = 0
-    stop: list[str] = Field(default_factory=list)
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     ignore_eos: bool = False
     # the rest of the sampling surface (engine/sampler.py); OpenAI batch bodies override per line
     min_p: float = Field(0.0, ge=0.0, le=1.0)  # drop tokens below min_p x the top probability
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # OpenAI: once a token is in the output
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # OpenAI: per occurrence in the output
-    repetition_penalty: float = Field(1.0, gt=0.0)  # HF/vLLM: over prompt and output tokens
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False
+    )  # HF/vLLM: over prompt and output tokens
     logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> bias in [-100, 100]
     min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids are banned before this many tokens
-    stop_token_ids: list[int] = Field(default_factory=list)  # more tokens that end a row, as EOS
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list
+    )  # more tokens that end a row, as EOS
     n: int = Field(1, ge=1, le=128)  # samples per row: the result's choices
     logprobs: bool = False  # each generated token's log-probability (the raw model distribution)
     top_logprobs: int = Field(

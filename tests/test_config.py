@@ -32,6 +32,21 @@ def test_bad_value_names_file_line_and_key(tmp_path):
     assert e.value.exit_code == EXIT_CONFIG
 
 
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("temperature: .inf", "2 generation.temperature: Input should be a finite number"),
+        ("repetition_penalty: .nan", "2 generation.repetition_penalty: Input should be a finite"),
+        ('stop: ["", "END"]', "2 generation.stop.0: String should have at least 1 character"),
+        ("stop_token_ids: [2, -5]", "2 generation.stop_token_ids.1: must be >= 0, got -5"),
+    ],
+)
+def test_sampling_values_no_row_could_use_are_refused(tmp_path, value, why):
+    job = write_job(tmp_path / "job.yaml", f"generation:\n  {value}\n")
+    with pytest.raises(ConfigError, match=why):
+        load_job(job)
+
+
 def test_unknown_key_is_refused_with_its_line(tmp_path):
     job = write_job(tmp_path / "job.yaml", "name: x\nmodel:\n  source: a/b\n  dtyp: float32\n")
     with pytest.raises(ConfigError, match=r"job.yaml:4 model.dtyp: unknown key"):
