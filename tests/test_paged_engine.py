@@ -510,6 +510,10 @@ def test_rejects_prompts_that_cannot_fit(loaded):
     results = run(engine, reqs)
     assert results["empty"].error_code == "empty_prompt"
     assert results["long"].error_code == "prompt_too_long"
+    assert "(the model's context, " in results["long"].error  # 256 MB of cache holds more
+    small = make_engine(loaded, 1 << 20)  # 1 MB of cache: fewer tokens than the context
+    (result,) = run(small, [Request("long", [1] * 5000, SamplingParams())]).values()
+    assert "the KV cache holds" in result.error and "engine.kv_cache_bytes" in result.error
 
 
 def test_supports_names_unknown_architectures(loaded):

@@ -162,11 +162,15 @@ class PagedEngine(Engine):
 
     def _add(self, request: Request) -> None:
         n = request.num_prompt_tokens
-        capacity = min(self.max_model_len, self.kv.num_blocks * self.kv.block_size)
+        cache = self.kv.num_blocks * self.kv.block_size
+        capacity = min(self.max_model_len, cache)
         if n == 0 or n >= capacity:
-            why = (
-                "empty prompt" if n == 0 else f"{n} prompt tokens leave no room (limit {capacity})"
+            limit = (
+                f"the model's context, {capacity} tokens"
+                if capacity == self.max_model_len
+                else f"the KV cache holds {cache} tokens: raise engine.kv_cache_bytes"
             )
+            why = "empty prompt" if n == 0 else f"{n} prompt tokens leave no room ({limit})"
             self._reject(request, "prompt_too_long" if n else "empty_prompt", why)
             return
         max_new = min(request.sampling.max_new_tokens, capacity - n)
