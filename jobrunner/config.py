@@ -219,7 +219,7 @@ EMBED_MODEL = "all-minilm-l6-v2"  # the built-in model of `task: embed` jobs
 
 
 class JobConfig(_Strict):
-    name: str = "job"
+    name: str = "job"  # one line of text: reports' headings, metrics' labels
     task: Literal["generate", "embed"] = "generate"  # embed: one vector per input, no decode
     model: ModelConfig = Field(default_factory=ModelConfig)
     input: InputConfig = Field(default_factory=InputConfig)
@@ -235,6 +235,13 @@ class JobConfig(_Strict):
     source_file: str | None = Field(None, exclude=True)
     # key path -> what load_job resolved it against ("the job file's folder /x"), for errors
     paths_base: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        if not v.strip() or any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("must be one line of text (no newline or control character)")
+        return v
 
     @model_validator(mode="after")
     def _embed_defaults(self) -> JobConfig:

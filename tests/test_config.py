@@ -39,6 +39,7 @@ def test_bad_value_names_file_line_and_key(tmp_path):
         ("repetition_penalty: .nan", "2 generation.repetition_penalty: Input should be a finite"),
         ('stop: ["", "END"]', "2 generation.stop.0: String should have at least 1 character"),
         ("stop_token_ids: [2, -5]", "2 generation.stop_token_ids.1: must be >= 0, got -5"),
+        ('\nname: "two\\nlines"', "3 name: .*must be one line of text"),
     ],
 )
 def test_sampling_values_no_row_could_use_are_refused(tmp_path, value, why):
