@@ -317,11 +317,14 @@ def load_job(
         raise ConfigError(f"{path}: cannot read the job file: {e.strerror or e}") from e
     try:
         node = yaml.compose(text)
+        _check_aliases(node, path)  # before anything walks the values with aliases expanded
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    except RecursionError as e:  # the parser recurses once per level of nesting
+        raise ConfigError(f"{path}: values nested too deeply to read; flatten them") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: the job file must be a mapping of keys (name, model, ...)")
     lines = _key_lines(node)
@@ -448,6 +451,35 @@ def nearest_key(key: str) -> str | None:
         by_leaf = {k.rsplit(".", 1)[-1]: k for k in known}
         near = [by_leaf[m] for m in difflib.get_close_matches(leaf, by_leaf, n=1, cutoff=0.75)]
     return near[0] if near else None
+
+
+# Values of a job file with its aliases (*name) expanded: a real job has hundreds; a few nested
+# aliases ("billion laughs") expand a kilobyte to billions, which nothing downstream could walk.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def _check_aliases(node: yaml.Node | None, path: Path) -> None:
+    """Refuse (78) a file whose aliases expand past MAX_EXPANDED_VALUES or hold themselves."""
+    sizes: dict[int, int] = {}  # node id -> values under it expanded; -1 while it is walked
+
+    def size(n: yaml.Node) -> int:
+        if sizes.get(id(n)) == -1:
+            raise ConfigError(
+                f"{path}:{n.start_mark.line + 1}: an alias here refers to a value that holds it;"
+                " remove the alias"
+            )
+        if id(n) not in sizes:
+            sizes[id(n)] = -1
+            kids = [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else []
+            kids = n.value if isinstance(n, yaml.SequenceNode) else kids
+            sizes[id(n)] = min(1 + sum(size(k) for k in kids), MAX_EXPANDED_VALUES + 1)
+        return sizes[id(n)]
+
+    if node is not None and size(node) > MAX_EXPANDED_VALUES:
+        raise ConfigError(
+            f"{path}: its aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} values;"
+            " write the values out, or use fewer aliases"
+        )
 
 
 def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from jobrunner.calibration import POOL_PER_ROW, calibrate_run, spread_by_length
 from jobrunner.config import JobConfig
-from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, pick_dtype
+from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, model_files, pick_dtype
 from jobrunner.engine.samples import num_runs
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.io.rundir import make_run_dir
@@ -398,7 +398,8 @@ def _safetensors_params(path: Path) -> int:
 
 def _config_params(where: Path) -> int:
     """A decoder's parameters from its config (for GGUF sources without safetensors)."""
-    c = _hf_config(where)
+    with model_files(str(where)):
+        c = _hf_config(where)
     h, layers, inter, vocab = c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.vocab_size
     kv = getattr(c, "num_key_value_heads", c.num_attention_heads) / c.num_attention_heads
     per_layer = h * h * (2 + 2 * kv) + 3 * h * inter

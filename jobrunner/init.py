@@ -17,6 +17,7 @@ from jobrunner.config import JobConfig, load_job
 from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import detect_format, input_format
 from jobrunner.io.readers import RawRow
+from jobrunner.io.writers import check_file_target
 
 SAMPLE_ROWS = 100
 ID_NAMES = ("id", "custom_id", "uuid", "key", "row_id", "doc_id")
@@ -30,6 +31,7 @@ def write_job_file(data_file: Path, target: Path | None, force: bool) -> tuple[P
     if not data_file.is_file():
         raise InputDataError(f"{data_file}: no such file (give a .csv, .parquet or .jsonl file)")
     target = target or data_file.with_suffix(".yaml")
+    check_file_target(target, "-o")
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass -o PATH for another file, or --force")
     kind = detect_format(str(data_file), "auto")
@@ -40,7 +42,6 @@ def write_job_file(data_file: Path, target: Path | None, force: bool) -> tuple[P
         text, said = _openai_batch_job(data_file.stem, rel_input), "an OpenAI batch file"
     else:
         text, said = _job_text(data_file.stem, rel_input, rows)
-    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     load_job(target)  # what we wrote must load: a bug here is ours, not the user's
     return target, said

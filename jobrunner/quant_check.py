@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.errors import ConfigError, InputDataError
-from jobrunner.io.writers import write_text_atomic
+from jobrunner.io.writers import check_file_target, write_text_atomic
 
 KEEP_FRACTION = 0.05  # of the linear layers, the most sensitive, besides lm_head
 MAX_ROWS = 512  # captured input rows per layer (a seeded subsample of the prompt tokens)
@@ -94,6 +94,8 @@ def run_check(
     if mode not in QUANTIZERS or mode == "none":
         raise ConfigError(f"--quantization: {mode!r} is not one of int8, int4, fp8")
     cfg.model.quantization = mode
+    if write is not None:  # before minutes of measuring, not after
+        check_file_target(write, "--write")
     if cfg.engine.num_threads:
         import torch
 

@@ -121,11 +121,13 @@ def start_run(
 def _adopt_if_empty(rundir: RunDir, manifest: Manifest) -> None:
     """A run directory that committed no row (a run stopped by a mistake in its job file, at
     start) has nothing a changed job could mix with: it takes this job's settings."""
-    if manifest.fingerprint and not (
-        manifest.shards or manifest.errors_bytes or rundir.shard_files()
-    ):
+    if manifest.fingerprint and holds_no_rows(rundir, manifest):
         log.info("%s holds no results yet: it takes this job's settings", rundir.location)
         manifest.fingerprint, manifest.job, manifest.schema = {}, {}, {}
+
+
+def holds_no_rows(rundir: RunDir, manifest: Manifest) -> bool:
+    return not (manifest.shards or manifest.errors_bytes or rundir.shard_files())
 
 
 def _checked_now(rundir, cfg, opts, manifest: Manifest, parts, changes) -> tuple:
@@ -190,9 +192,12 @@ def _check_scan(rundir, manifest, cfg, opts, scan: Scan, changes, have_rows: boo
 
 
 def check_same_job(rundir: RunDir, cfg: JobConfig) -> None:
-    """A finished run directory answers only its own job: raise ResumeMismatch otherwise."""
+    """A finished run directory answers only its own job: raise ResumeMismatch otherwise. One
+    not finished that holds no row takes any job, as `run` lets it (_adopt_if_empty)."""
     manifest = rundir.load_manifest()
     if manifest is None or not manifest.fingerprint:
+        return
+    if not rundir.finished and holds_no_rows(rundir, manifest):
         return
     parts = job_parts(cfg, manifest.job.get("input"))
     _check_settings(rundir, manifest, parts)

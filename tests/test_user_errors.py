@@ -160,3 +160,193 @@ def test_an_output_directory_we_may_not_write_is_78_with_the_path(tmp_path):
     assert p.returncode == 78, p.stderr[-2000:]
     err = json.loads(p.stdout.strip().splitlines()[-1])["error"]
     assert str(locked / "out") in err and "permission denied" in err
+
+
+# ------------------------------------------------------ issue: user errors that exited 70
+
+
+@pytest.mark.parametrize("source", ["nosuchorg/nosuchmodel", "foo bar/baz", "${HOME}/x"])
+@pytest.mark.parametrize("command", ["validate", "estimate"])
+def test_a_model_source_that_cannot_load_is_78_naming_it(tmp_path, source, command):
+    """A hub id that is not in the cache, or that the hub would refuse: the same 78 as `run`."""
+    job = job_file(tmp_path, [{"id": "a", "prompt": "x"}])
+    code, summary = cli(command, str(job), "--set", f"model.source={source}")
+    assert code == 78, summary
+    assert summary["error"].startswith("model.source: ") and source in summary["error"]
+
+
+def broken_model(tmp_path: Path, kind: str) -> Path:
+    """The user's model files, damaged: a .gguf of junk, config.json that is no JSON, a folder
+    with a config and no tokenizer."""
+    if kind == "gguf":
+        (tmp_path / "bad.gguf").write_text("junk")
+        return tmp_path / "bad.gguf"
+    folder = tmp_path / kind
+    folder.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}
+    (folder / "config.json").write_text("{not json" if kind == "badjson" else json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("gguf", "GGUF magic bytes"),
+        ("badjson", "not a valid JSON file"),
+        ("notokenizer", "tokenizer"),
+    ],
+)
+@pytest.mark.parametrize("command", ["validate", "estimate", "run"])
+def test_broken_model_files_are_78_naming_the_path(tmp_path, monkeypatch, kind, words, command):
+    monkeypatch.setenv("JOBRUNNER_CACHE", str(tmp_path / "cache"))
+    model = broken_model(tmp_path, kind)
+    job = job_file(tmp_path, [{"id": "a", "prompt": "x"}], model={"source": str(model)})
+    code, summary = cli(command, str(job))
+    assert code == 78, summary
+    assert summary["error"].startswith(f"model.source: cannot load {model}")
+    if command != "run" or kind != "notokenizer":  # run meets the missing weights first
+        assert words in summary["error"]
+
+
+@pytest.mark.parametrize(
+    "code, expected, words",
+    [
+        (errno.EFBIG, 75, "ulimit -f"),
+        (errno.EMFILE, 75, "ulimit -n"),
+        (errno.ENFILE, 75, "too many open files"),
+        (errno.EIO, 75, "input/output error"),
+        (errno.ENAMETOOLONG, 78, "too long"),
+        (errno.EISDIR, 78, "is a directory"),
+        (errno.ENOTDIR, 78, "is a file where a folder is expected"),
+        (errno.ELOOP, 78, "symbolic links"),
+    ],
+)
+def test_every_errno_an_environment_throws_at_a_write_is_mapped(code, expected, words):
+    user = errors.from_os_error(OSError(code, os.strerror(code), "/data/out/report.html"))
+    assert user is not None and user.exit_code == expected
+    assert words in str(user) and "/data/out/report.html" in str(user)
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_is_75_naming_the_file(tmp_path):
+    """`ulimit -f`: a write past it fails with EFBIG; like a full disk, rerun once it is lifted."""
+    import resource
+
+    job = job_file(tmp_path, [{"id": "a", "prompt": "x"}], model={"dtype": "float32"})
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    p = subprocess.run(
+        [*CLI, "estimate", str(job)], capture_output=True, text=True, env=env(), preexec_fn=limit
+    )
+    assert p.returncode == 75, p.stderr[-2000:]
+    err = json.loads(p.stdout.strip().splitlines()[-1])["error"]
+    assert str(tmp_path / "out" / "estimate.json") in err and "ulimit -f" in err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("finished")
+    job = job_file(
+        tmp,
+        [{"id": "a", "prompt": "hi"}, {"id": "b", "prompt": "yo"}],
+        model={"dtype": "float32"},
+        generation={"max_new_tokens": 2},
+    )
+    code, summary = cli("run", str(job))
+    assert code == 0, summary
+    return tmp / "out"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "damaged", ["results/part-00000.parquet", "telemetry/steps.parquet", "telemetry/rows.parquet"]
+)
+def test_report_on_a_damaged_file_is_78_naming_it(finished_run, tmp_path, damaged):
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    (out / damaged).write_text("garbage\n")
+    code, summary = cli("report", str(out))
+    assert code == 78, summary
+    assert summary["error"].startswith(f"{out / damaged} does not read")
+    assert "damaged" in summary["error"] and "Move it out of" in summary["error"]
+
+
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        ("somedir", "is a directory"),
+        ("/proc/x.yaml", "cannot write in /proc"),
+        ("missing/dir/x.yaml", "does not exist; create it first"),
+        ("data.csv/x.yaml", "is a file, not a folder"),
+    ],
+)
+def test_init_refuses_a_path_it_cannot_write_with_78(tmp_path, monkeypatch, where, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "somedir").mkdir()
+    (tmp_path / "data.csv").write_text("id,text\n1,hello\n")
+    code, summary = cli("init", "data.csv", "-o", where, "--force")
+    assert code == 78, summary
+    assert summary["error"].startswith(f"-o {where}: ") and words in summary["error"]
+    assert not (tmp_path / "missing").exists()  # a mistyped folder is never created
+
+
+def test_quantize_check_refuses_a_write_path_before_any_model_loads(tmp_path):
+    job = job_file(tmp_path, [{"id": "a", "prompt": "x"}], model={"source": "nosuch/model"})
+    code, summary = cli("quantize-check", str(job), "--sample", "1", "--write", "/proc/x.yaml")
+    assert code == 78, summary
+    assert summary["error"].startswith("--write /proc/x.yaml: cannot write in /proc")
+
+
+def billion_laughs() -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "\n".join([*lines, "name: *a8"]) + "\n"
+
+
+def test_a_billion_laughs_job_file_is_78_in_bounded_memory(tmp_path):
+    """1 KB whose aliases expand to 387M values: refused before anything expands them. The
+    address-space limit turns the old unbounded walk into a MemoryError, not a machine's swap."""
+    import resource
+
+    job = tmp_path / "job.yaml"
+    job.write_text(billion_laughs())
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    p = subprocess.run(
+        [*CLI, "validate", str(job)], capture_output=True, text=True, env=env(), preexec_fn=limit
+    )
+    assert p.returncode == 78, p.stderr[-2000:]
+    err = json.loads(p.stdout.strip().splitlines()[-1])["error"]
+    assert err == (
+        f"{job}: its aliases (*name) expand to more than 100,000 values; write the values out,"
+        " or use fewer aliases"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("a: &a [1, *a]\n", "1: an alias here refers to a value that holds it"),
+        ("name: " + "[" * 5000 + "]" * 5000 + "\n", ": values nested too deeply to read"),
+    ],
+)
+def test_a_self_holding_or_deep_yaml_job_file_is_78(tmp_path, text, words):
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    code, summary = cli("validate", str(job))
+    assert code == 78, summary
+    assert summary["error"].startswith(str(job)) and words in summary["error"]
+
+
+def test_validate_takes_a_corrected_job_where_run_stopped_before_any_row(tmp_path):
+    """`run` stopped by a bad model leaves a run directory with no row, which the corrected job
+    takes (DESIGN promise 3): `validate` says so too, instead of refusing a different job."""
+    job = job_file(tmp_path, [{"id": "a", "prompt": "x"}], model={"source": "nosuch/model"})
+    assert cli("run", str(job))[0] == 78
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    code, summary = cli("validate", str(job), "--set", "model.source=smollm2-135m-instruct")
+    assert code == 0, summary

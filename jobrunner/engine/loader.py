@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from jobrunner.engine.resolve import (
     gguf_cache_path,
     resolve_source,
 )
-from jobrunner.errors import ConfigError
+from jobrunner.errors import ConfigError, from_os_error
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,35 @@ def eos_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
     """The job's tokenizer alone (validate/estimate): no weights are read."""
-    return _tokenizer(local_dir_or_gguf(cfg), cfg.trust_remote_code, cfg.revision)
+    where = local_dir_or_gguf(cfg)
+    with model_files(where):
+        return _tokenizer(where, cfg.trust_remote_code, cfg.revision)
+
+
+@contextlib.contextmanager
+def model_files(where: str) -> Iterator[None]:
+    """What transformers refuses in the model's files is the user's to fix, never a bug: a hub
+    id not in the cache, a file that is no GGUF, a config.json that is no JSON, a folder without
+    a tokenizer or weights. One message for every command that reads them: 78 naming
+    model.source. An OSError the environment caused (a full disk) keeps its own code."""
+    try:
+        yield
+    except (OSError, ValueError) as e:  # transformers raises either for a file it refuses
+        if (env := from_os_error(e)) is not None:
+            raise env from e
+        raise ConfigError(f"model.source: cannot load {where}: {e}{_load_hint(e)}") from e
+
+
+def _load_hint(e: Exception) -> str:
+    text = str(e)
+    if "safetensors" in text:
+        return " (set model.allow_pickle: true to load .bin weights)"
+    if "huggingface.co" in text:
+        return (
+            " (jobrunner reads the hub offline: download the model first, e.g."
+            " `hf download ORG/NAME`, or give its local folder)"
+        )
+    return ""
 
 
 def load_model(cfg: ModelConfig) -> LoadedModel:
@@ -64,7 +94,8 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
 
     src = resolve_source(cfg.source)
     device = pick_device(cfg.device)
-    weights_dir = _ensure_dense(src)
+    with model_files(str(src.gguf_path) if src.kind == "gguf" else src.path):
+        weights_dir = _ensure_dense(src)
     dtype, dtype_reason = pick_dtype(cfg.dtype, device, weights_dir)
     encoder = is_encoder_dir(weights_dir)
     auto = AutoModel if encoder else AutoModelForCausalLM
@@ -73,18 +104,11 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         kwargs["revision"] = cfg.revision
     if not cfg.allow_pickle:
         kwargs["use_safetensors"] = True
-    try:
+    with model_files(weights_dir):
         model = auto.from_pretrained(weights_dir, **kwargs)
-    except OSError as e:
-        hint = (
-            " (set model.allow_pickle: true to load .bin weights)"
-            if "safetensors" in str(e)
-            else ""
-        )
-        raise ConfigError(f"model.source: cannot load {src.path}: {e}{hint}") from e
+        tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     log.info("loaded %s on %s as %s", src.name, device, str(dtype).removeprefix("torch."))
     return LoadedModel(model, tok, src, device, dtype, weights_dir, encoder, dtype_reason)
 

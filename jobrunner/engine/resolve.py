@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,12 +61,23 @@ def resolve_source(source: str) -> ModelSource:
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.source: {source!r} is a directory without config.json")
         return ModelSource("hf_dir", str(p.resolve()), p.name)
-    if source.count("/") == 1 and not source.startswith((".", "/")):
+    if is_hub_id(source):
         return ModelSource("hub", source, source)
+    unexpanded = " ($VARIABLES are not expanded in a job file or --set)" if "$" in source else ""
     raise ConfigError(
         f"model.source: {source!r} is not a built-in alias ({', '.join(ALIASES)}),"
-        " a local HF directory, a .gguf file or a hub id (org/name)"
+        " a local HF directory, a .gguf file or a hub id (org/name: letters, digits, '-', '_',"
+        f" '.'){unexpanded}"
     )
+
+
+# The hub's own rule (huggingface_hub.utils.validate_repo_id), checked here so that a name the
+# hub would refuse is named before transformers is imported.
+_HUB_ID = re.compile(r"(\b[\w\-.]+\b/)\b[\w\-.]{1,96}\b", re.ASCII)
+
+
+def is_hub_id(source: str) -> bool:
+    return bool(_HUB_ID.fullmatch(source)) and "--" not in source and ".." not in source
 
 
 def _resolve_alias(alias: str) -> ModelSource:

@@ -298,11 +298,7 @@ class RunDir:
         try:
             return read_column(shard, column) if column else count_rows(shard)
         except Exception as e:  # pyarrow and json raise several types for a damaged file
-            raise RunDirError(
-                f"{shard} does not read ({type(e).__name__}: {e}): it was damaged after it was"
-                " committed. Move it out of results/ and run again (its rows are generated"
-                " again), or --restart"
-            ) from e
+            raise damaged_shard(shard, e) from e
 
     def shard_files(self) -> list[Path]:
         return (
@@ -526,6 +522,23 @@ def read_columns(path: Path | str, names: list[str] | None) -> list[dict[str, An
             return pq.read_table(f, columns=names).to_pylist()
         recs = [json.loads(line) for line in f if line.strip()]
     return recs if names is None else [{k: r.get(k) for k in names} for r in recs]
+
+
+def read_committed(path: Path | str, names: list[str] | None) -> list[dict[str, Any]]:
+    """read_columns of a committed shard: one that does not read is named (78) with what to
+    do, as a run names it."""
+    try:
+        return read_columns(path, names)
+    except Exception as e:  # pyarrow and json raise several types for a damaged file
+        raise damaged_shard(path, e) from e
+
+
+def damaged_shard(shard: Path | str, e: Exception) -> RunDirError:
+    return RunDirError(
+        f"{shard} does not read ({type(e).__name__}: {e}): it was damaged after it was"
+        " committed. Move it out of results/ and run again (its rows are generated"
+        " again), or --restart"
+    )
 
 
 def read_column(path: Path | str, name: str) -> list[Any]:

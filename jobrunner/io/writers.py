@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from jobrunner.errors import ConfigError
 from jobrunner.types import Choice, Result, TokenLogprob
 
 
@@ -106,6 +108,28 @@ def unwritable(records: list[dict[str, Any]], write: Write) -> dict[int, Excepti
             except Exception as e:  # the value's own fault: that row fails, the rest are written
                 bad[i] = e
     return bad
+
+
+def check_file_target(path: Path, option: str) -> None:
+    """A file the user asked us to write (`option` names where they did): refused (78) before
+    any work when it could not be written. Its folder must exist: a mistyped folder is named,
+    never created."""
+    folder = path.absolute().parent
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; give the path of a file")
+    if not folder.is_dir():
+        state = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ConfigError(
+            f"{option} {path}: the folder {folder} {state}; create it first, or give another path"
+        )
+    try:  # the folder lets us make a file there (/proc, read-only, not ours: no)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe", dir=folder)
+    except OSError as e:
+        raise ConfigError(
+            f"{option} {path}: cannot write in {folder} ({e.strerror or e}); give another path"
+        ) from e
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobrunner.io.rundir import RunDir, read_columns
+from jobrunner.io.rundir import RunDir, read_committed
 
 REPORT_FILE = "report.json"
 TOKEN_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd", "finish_reason"]
@@ -146,7 +146,7 @@ def iter_token_columns(rundir: RunDir) -> Iterator[dict[str, Any]]:
     """Each committed row's TOKEN_COLUMNS (None where a JSONL shard lacks one); shards may be
     local files or store URLs."""
     for f in rundir.shard_files():
-        yield from read_columns(f, TOKEN_COLUMNS)
+        yield from read_committed(f, TOKEN_COLUMNS)
 
 
 def load_report(path: str | Path) -> Report:

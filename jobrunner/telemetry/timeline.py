@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from jobrunner.errors import RunDirError
 from jobrunner.telemetry.spill import SpillLog, arrow_schema, to_table
 
 DEVICE_FILE = "device.parquet"
@@ -91,7 +92,7 @@ def append_timeline(
     try:
         with pq.ParquetWriter(tmp, schema) as w:
             if path.is_file():
-                f = pq.ParquetFile(path)
+                f = _parquet_file(path)
                 have = [c for c in columns if c in f.schema_arrow.names]
                 for batch in f.iter_batches(BATCH_ROWS, columns=have):
                     old = _conform(pa.Table.from_batches([batch]), schema)
@@ -123,22 +124,18 @@ def _chunks(records: list[dict[str, Any]], columns: list[str]) -> Iterator[Any]:
 def read_timeline(run_path: str | Path, name: str) -> list[dict[str, Any]]:
     """A whole timeline as records: for device.parquet (one sample a second) and tests; the
     per-step and per-row files are read with timeline_batches or sample_timeline."""
-    import pyarrow.parquet as pq
-
     path = telemetry_dir(run_path) / name
-    return pq.read_table(path).to_pylist() if path.is_file() else []
+    return _parquet_file(path).read().to_pylist() if path.is_file() else []
 
 
 def timeline_batches(
     run_path: str | Path, name: str, columns: list[str] | None = None
 ) -> Iterator[Any]:
     """A timeline's record batches (pyarrow), in bounded memory; none when the file is absent."""
-    import pyarrow.parquet as pq
-
     path = telemetry_dir(run_path) / name
     if not path.is_file():
         return
-    f = pq.ParquetFile(path)
+    f = _parquet_file(path)
     names = [c for c in (columns or f.schema_arrow.names) if c in f.schema_arrow.names]
     yield from f.iter_batches(BATCH_ROWS, columns=names)
 
@@ -156,12 +153,10 @@ def column_floats(batch: Any, name: str) -> Any:
 def sample_timeline(run_path: str | Path, name: str, limit: int) -> tuple[list[dict], int]:
     """At most `limit` records, evenly spread over the file, and the stride between them (each
     stands for `stride` records): what a chart needs of a timeline of any length."""
-    import pyarrow.parquet as pq
-
     path = telemetry_dir(run_path) / name
     if not path.is_file():
         return [], 1
-    n = pq.ParquetFile(path).metadata.num_rows
+    n = _parquet_file(path).metadata.num_rows
     stride = max(1, -(-n // limit))
     out: list[dict[str, Any]] = []
     seen = 0
@@ -170,3 +165,18 @@ def sample_timeline(run_path: str | Path, name: str, limit: int) -> tuple[list[d
         out += batch.slice(first).take(list(range(0, len(batch) - first, stride))).to_pylist()
         seen += len(batch)
     return out, stride
+
+
+def _parquet_file(path: Path) -> Any:
+    """A timeline's pyarrow ParquetFile; one that does not read is named (78) with what to do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except pa.ArrowInvalid as e:  # not Parquet: truncated, overwritten
+        raise RunDirError(
+            f"{path} does not read ({e}): it was damaged after it was written. Move it out of"
+            " the run directory and run again (the reports then leave out the earlier runs'"
+            " telemetry)"
+        ) from e
