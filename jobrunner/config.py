@@ -506,12 +506,21 @@ def _describe(
         key = ".".join(str(x) for x in loc) or "(top level)"
         arg = next((a for k, a in args.items() if loc[: len(k)] == k), None)
         if arg:  # a command-line argument set it: blame the argument, not the file
-            msgs.append(f"{arg}: {key} {_humanize(e, key)}")
+            msgs.append(f"{arg}: {key} {_humanize(e, key)}{_quote_hint(e, arg)}")
             continue
         line = _nearest_line(loc, lines)
         where = f"{path}:{line}" if line else str(path)
         msgs.append(f"{where} {key}: {_humanize(e, key)}")
     return "\n".join(msgs)
+
+
+def _quote_hint(e: dict, arg: str) -> str:
+    """--set parses its value as YAML: `{prompt}` is a mapping and `[x]` a list there."""
+    raw = arg.partition("=")[2].strip()
+    if e["type"] == "string_type" and raw[:1] in "{[" and isinstance(e.get("input"), dict | list):
+        key = arg.removeprefix("--set ").partition("=")[0]
+        return f" (the value was read as YAML; quote it for text: --set '{key}=\"{raw}\"')"
+    return ""
 
 
 def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:

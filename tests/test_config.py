@@ -128,6 +128,8 @@ def test_bad_set_value_is_blamed_on_the_argument(tmp_path):
     assert str(e.value) == (
         "--set generation.temperature=-1: generation.temperature must be >= 0.0, got -1"
     )
+    with pytest.raises(ConfigError, match=r"quote it for text: --set 'name=\"\{x\}\"'"):
+        load_job(job, ["name={x}"])  # YAML reads {x} as a mapping
 
 
 def test_unknown_executor_is_a_config_error(tmp_path):
