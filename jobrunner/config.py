@@ -328,6 +328,12 @@ def load_job(
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: the job file must be a mapping of keys (name, model, ...)")
     lines = _key_lines(node)
+    if repeated := _repeated_key(node):
+        key, first, again = repeated
+        raise ConfigError(
+            f"{path}:{again} {key}: this key is given twice (first at line {first}); YAML would"
+            " keep the last one silently: keep one"
+        )
     args: dict[tuple, str] = {}  # key path -> the command-line argument that set it
     for item in overrides or []:
         args[apply_override(data, item)] = f"--set {item}"
@@ -480,6 +486,30 @@ def _check_aliases(node: yaml.Node | None, path: Path) -> None:
             f"{path}: its aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} values;"
             " write the values out, or use fewer aliases"
         )
+
+
+def _repeated_key(node: yaml.Node | None) -> tuple[str, int, int] | None:
+    """(key path, its first line, the line repeating it) of the first key a mapping gives
+    twice; each node looked at once (aliases share theirs)."""
+    todo: list[tuple[yaml.Node | None, str]] = [(node, "")]
+    seen: set[int] = set()
+    while todo:
+        n, where = todo.pop()
+        if id(n) in seen or not isinstance(n, yaml.MappingNode | yaml.SequenceNode):
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.SequenceNode):
+            todo += [(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(n.value)]
+            continue
+        first: dict[str, int] = {}
+        for k, v in n.value:
+            name = f"{where}.{k.value}" if where else str(k.value)
+            line = k.start_mark.line + 1
+            if k.value in first and k.tag != "tag:yaml.org,2002:merge":
+                return name, first[k.value], line
+            first[k.value] = line
+            todo.append((v, name))
+    return None
 
 
 def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:

@@ -186,3 +186,11 @@ def test_relocated_job_keeps_naming_the_same_files(tmp_path):
     target.parent.mkdir(parents=True)
     target.write_text(yaml.safe_dump(data))
     assert load_job(target).input.path == str(tmp_path / "data" / "a.csv")
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: a\ngeneration:\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:4 generation.seed: this key is given twice"):
+        load_job(job)
+    merged = "generation:\n  <<: {seed: 1}\n  seed: 2\n"  # a YAML merge key may be overridden
+    assert load_job(write_job(tmp_path / "m.yaml", merged)).generation.seed == 2
