@@ -232,3 +232,21 @@ class RowError:
             "code": self.code,
             "message": self.message,
         }
+
+
+def kind_of(value: Any) -> str:
+    """A value's kind as a user's data names it (JSON's words), for messages: "null", "a
+    number", "an array"; a Parquet value of another type by its Python type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    for types, word in (
+        ((int, float), "a number"),
+        (str, "a string"),
+        ((list, tuple), "an array"),
+        (dict, "an object"),
+    ):
+        if isinstance(value, types):
+            return word
+    return type(value).__name__

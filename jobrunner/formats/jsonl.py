@@ -11,7 +11,7 @@ from jobrunner.formats.base import Format
 from jobrunner.formats.columns import infer_schema, json_dumps
 from jobrunner.formats.lines import read_lines
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.types import RowError, RowRef
+from jobrunner.types import RowError, RowRef, kind_of
 
 
 def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
@@ -31,7 +31,7 @@ def parse_json_line(raw: bytes, ref: RowRef) -> Item:
         values = json.loads(text)
     except json.JSONDecodeError as e:
         return RowError(
-            "malformed_json", f"{ref}: malformed JSON: {e.msg} at column {e.colno}", ref
+            "malformed_json", f"{ref}: malformed JSON at column {e.colno}: {e.msg}", ref
         )
     except RecursionError:
         return RowError("too_complex", f"{ref}: the JSON value is nested too deeply", ref)
@@ -43,8 +43,9 @@ def parse_json_line(raw: bytes, ref: RowRef) -> Item:
             ref,
         )
     if not isinstance(values, dict):
-        kind = type(values).__name__
-        return RowError("not_an_object", f"{ref}: expected a JSON object, got a {kind}", ref)
+        return RowError(
+            "not_an_object", f"{ref}: expected a JSON object, got {kind_of(values)}", ref
+        )
     return RawRow(values, ref)
 
 

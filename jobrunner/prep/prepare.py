@@ -20,7 +20,7 @@ from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import Framed, PromptRenderer, RenderError
 from jobrunner.prep.tokens import TextEncoder
 from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
-from jobrunner.types import Request, RowError, RowRef, SamplingParams
+from jobrunner.types import Request, RowError, RowRef, SamplingParams, kind_of
 
 RESULT_COLUMNS = {
     "id",
@@ -238,7 +238,7 @@ class Preparer:
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             return RowError(
                 "bad_type",
-                f"{raw.source}: id {col!r} must be a string or integer, got {type(v).__name__}",
+                f"{raw.source}: id {col!r} must be a string or integer, got {kind_of(v)}",
                 raw.source,
                 None,
                 col,

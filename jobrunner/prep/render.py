@@ -14,6 +14,7 @@ from typing import Any
 
 from jobrunner.config import InputConfig
 from jobrunner.errors import ConfigError
+from jobrunner.types import kind_of
 
 
 class RenderError(ValueError):
@@ -157,9 +158,7 @@ class PromptRenderer:
         if v is None:
             raise RenderError("empty_prompt", f"the prompt column {column!r} is null", column)
         if not isinstance(v, str):
-            raise RenderError(
-                "bad_type", f"{column!r} must be a string, got {type(v).__name__}", column
-            )
+            raise RenderError("bad_type", f"{column!r} must be a string, got {kind_of(v)}", column)
         return v
 
     def _template(self, values: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens, special_span
 from jobrunner.prep.prepare import derived_id
 from jobrunner.prep.render import RenderError
-from jobrunner.types import Request, RowError
+from jobrunner.types import Request, RowError, kind_of
 
 EMBEDDINGS = "/v1/embeddings"
 MAX_INPUTS = 2048  # inputs per /v1/embeddings request, as the API allows
@@ -144,9 +144,7 @@ def parse_embed_line(values: dict[str, Any]) -> EmbedLine:
         )
     body = values.get("body")
     if not isinstance(body, dict):
-        raise RenderError(
-            "bad_body", f"body must be a JSON object, got {type(body).__name__}", "body"
-        )
+        raise RenderError("bad_body", f"body must be a JSON object, got {kind_of(body)}", "body")
     fmt = body.get("encoding_format") or "float"
     if fmt not in ENCODINGS:
         raise RenderError(

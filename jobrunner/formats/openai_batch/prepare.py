@@ -18,7 +18,7 @@ from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineErro
 from jobrunner.prep.prepare import Preparer, derived_id
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.structured.spec import OutputSpec, SpecError, response_format_spec, tool_spec
-from jobrunner.types import Request, RowError, SamplingParams
+from jobrunner.types import Request, RowError, SamplingParams, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +197,7 @@ def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[
         )
     body = values.get("body")
     if not isinstance(body, dict):
-        raise RenderError(
-            "bad_body", f"body must be a JSON object, got {type(body).__name__}", "body"
-        )
+        raise RenderError("bad_body", f"body must be a JSON object, got {kind_of(body)}", "body")
     check_unsupported(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
