@@ -31,7 +31,7 @@ def parse_json_line(raw: bytes, ref: RowRef) -> Item:
         values = json.loads(text)
     except json.JSONDecodeError as e:
         return RowError(
-            "malformed_json", f"{ref}: malformed JSON at column {e.colno}: {e.msg}", ref
+            "malformed_json", f"{ref}: malformed JSON at column {e.pos + 1}: {e.msg}", ref
         )
     except RecursionError:
         return RowError("too_complex", f"{ref}: the JSON value is nested too deeply", ref)
