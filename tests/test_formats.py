@@ -93,3 +93,14 @@ def test_a_registry_looks_up_by_name_and_imports_lazy_entries_once():
     assert reg.get("d") is json.dumps and reg.get("c") is c
     with pytest.raises(ConfigError, match=r"thing: 'z' is not one of a, b, c, d"):
         reg.get("z")
+
+
+def test_a_parquet_shard_of_embed_rows_that_all_failed_is_written(tmp_path):
+    """A failed row has no vector: a shard holding only such rows still writes."""
+    import pyarrow.parquet as pq
+
+    from jobrunner.formats.parquet import write_parquet
+
+    rec = {"id": "a", "embedding": None, "finish_reason": "error", "prompt_tokens": 3}
+    write_parquet([rec], tmp_path / "s.parquet")
+    assert pq.read_table(tmp_path / "s.parquet").column("embedding").to_pylist() == [None]

@@ -132,7 +132,10 @@ def embedding_column(table):
     if "embedding" not in table.column_names:
         return table
     col = table.column("embedding")
-    lens = pc.unique(pc.list_value_length(col)).drop_null().to_pylist()
+    if pa.types.is_null(col.type):  # a shard whose every row failed
+        lens = []
+    else:
+        lens = pc.unique(pc.list_value_length(col)).drop_null().to_pylist()
     kind = pa.list_(pa.float32(), lens[0]) if len(lens) == 1 else pa.list_(pa.float32())
     i = table.column_names.index("embedding")
     return table.set_column(i, "embedding", col.cast(kind))
