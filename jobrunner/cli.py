@@ -213,11 +213,11 @@ def estimate(
 
         cfg = _load(job, set_)
         est = estimate_job(cfg, calibrate)
+        typer.echo(to_text(est), err=True)  # shown even when it cannot be saved
         path, not_saved = save_estimate(cfg, est)
     except Exception as e:
         _fail(e)
         return
-    typer.echo(to_text(est), err=True)
     if path is None:
         typer.echo(f"estimate.json not written: {not_saved}", err=True)
     _print_summary(

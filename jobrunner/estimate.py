@@ -413,20 +413,17 @@ def save_estimate(cfg: JobConfig, est: dict[str, Any]) -> tuple[Path | None, str
     It is written only where `run` would take output.path as this job's (new, empty, or a run
     of this job: lifecycle.output_state), so a user's folder or another job's run is untouched;
     a store run's goes to its local staging directory, where its report looks for it."""
-    from jobrunner.errors import JobError, from_os_error
+    from jobrunner.errors import JobError
     from jobrunner.lifecycle import output_state, run_dir
 
     try:
         output_state(cfg)
-        rundir = run_dir(cfg)
-        make_run_dir(rundir.path)
-        path = rundir.path / ESTIMATE_FILE
-        write_text_atomic(path, json.dumps(est, indent=2, sort_keys=True))
-    except (JobError, OSError) as e:
-        user = e if isinstance(e, JobError) else from_os_error(e)
-        if user is None:
-            raise
-        return None, str(user)
+    except JobError as e:  # not this job's folder: the estimate is printed, not saved
+        return None, str(e)
+    rundir = run_dir(cfg)  # a write the machine refuses (full disk, ulimit -f) raises: 75, 78
+    make_run_dir(rundir.path)
+    path = rundir.path / ESTIMATE_FILE
+    write_text_atomic(path, json.dumps(est, indent=2, sort_keys=True))
     return path, ""
 
 
