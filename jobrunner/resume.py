@@ -121,9 +121,13 @@ def start_run(
 def _adopt_if_empty(rundir: RunDir, manifest: Manifest) -> None:
     """A run directory that committed no row (a run stopped by a mistake in its job file, at
     start) has nothing a changed job could mix with: it takes this job's settings."""
-    if manifest.fingerprint and holds_no_rows(rundir, manifest):
+    if not (manifest.fingerprint or manifest.schema) or not holds_no_rows(rundir, manifest):
+        return
+    if manifest.fingerprint:
         log.info("%s holds no results yet: it takes this job's settings", rundir.location)
-        manifest.fingerprint, manifest.job, manifest.schema = {}, {}, {}
+    # the schema too: a start refused before its first commit (duplicate ids in a large input,
+    # checked while the engine starts) saved one for an input that may since have changed
+    manifest.fingerprint, manifest.job, manifest.schema = {}, {}, {}
 
 
 def holds_no_rows(rundir: RunDir, manifest: Manifest) -> bool:

@@ -113,6 +113,43 @@ def test_files_that_disagree_on_a_type_take_one_for_the_run(tmp_path):
     assert table["u"].to_pylist() == [None, None, str(2**63), "-1"]
 
 
+def test_types_that_would_round_or_overflow_a_value_become_json_text():
+    from jobrunner.formats.columns import infer_schema, is_json_text, unify
+
+    def one(*types):
+        return unify([pa.schema([("x", t)]) for t in types]).field("x")
+
+    assert one(pa.int32(), pa.float64()).type == pa.float64()  # a double holds any int32
+    assert is_json_text(one(pa.int64(), pa.float64()))  # 2**53 + 1 would round
+    wide, signed = pa.struct([("a", pa.uint64())]), pa.struct([("a", pa.int64())])
+    assert is_json_text(one(wide, signed))  # 2**63 in the nested field would overflow
+    # pandas' Categorical: two files' int8 dictionaries may together outgrow int8
+    assert one(pa.dictionary(pa.int8(), pa.string())).type == pa.string()
+    # JSONL: ints seen to fit a double join a float chunk; larger ones do not
+    assert infer_schema([{"x": 5}] * 4096 + [{"x": 2.5}]).field("x").type == pa.float64()
+    big = [{"x": 2**53 + 1}] + [{"x": 1}] * 4095 + [{"x": 1.5}]
+    assert is_json_text(infer_schema(big).field("x"))
+
+
+@pytest.mark.usefixtures("echo_engine")
+def test_a_start_refused_before_its_first_commit_keeps_no_schema(tmp_path, monkeypatch):
+    """A large input is checked while the engine starts: a start refused for duplicate ids
+    committed nothing, so the corrected input's columns decide the run's types."""
+    import jobrunner.resume as resume
+
+    monkeypatch.setattr(resume, "CHECK_WHILE_STARTING_ROWS", 1)  # as for 5M rows and more
+    inp = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "a"], "prompt": ["hi", "yo"], "x": [1, 2]}), inp)
+    job = {"input": {"path": str(inp)}, "output": {"path": str(tmp_path / "out")}}
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    assert CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")]).exit_code == 65
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["hi", "yo"], "x": ["p", "q"]}), inp)
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 0, result.stdout
+    table = pq.read_table(tmp_path / "out" / "results")
+    assert table.schema.field("x").type == pa.string() and table.num_rows == 2
+
+
 def strict(line: str) -> dict:
     def refuse(token: str):
         raise ValueError(f"not JSON: {token}")

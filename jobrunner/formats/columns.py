@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 JSON_TEXT = {b"jobrunner.encoding": b"json"}
+# an inferred integer field whose values a double holds exactly (inference only; dropped by unify)
+EXACT_IN_DOUBLE = {b"jobrunner.exact_in_double": b"1"}
 INFER_ROWS = 4096  # rows typed together while inferring; chunk types are then unified
 MAX_DEPTH = 32  # Parquet readers refuse schemas nested past 100 levels (each list is two)
 
@@ -68,7 +70,7 @@ def infer_schema(rows: Iterable[dict[str, Any]]):
             chunk = []
     if chunk or not schemas:
         schemas.append(_chunk_schema(chunk))
-    return unify(schemas) if len(schemas) > 1 else schemas[0] if schemas else pa.schema([])
+    return unify(schemas) if schemas else pa.schema([])
 
 
 def _chunk_schema(rows: list[dict[str, Any]]):
@@ -82,10 +84,23 @@ def _value_field(name: str, values: list[Any]):
     import pyarrow as pa
 
     try:
-        t = pa.array(values).type
+        arr = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
         return json_text_field(name)
-    return pa.field(name, t) if storable(t) else json_text_field(name)
+    if not storable(arr.type):
+        return json_text_field(name)
+    return pa.field(name, arr.type, metadata=EXACT_IN_DOUBLE if _exact_in_double(arr) else None)
+
+
+def _exact_in_double(arr) -> bool:
+    """Integers a double holds exactly (|v| <= 2**53): such a chunk may join a float one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_integer(arr.type):
+        return False
+    low, high = (pc.min_max(arr)[k].as_py() for k in ("min", "max"))
+    return low is None or (low >= -(2**53) and high <= 2**53)
 
 
 def unify(schemas: list) -> Any:
@@ -97,8 +112,16 @@ def unify(schemas: list) -> Any:
     by_name: dict[str, list] = {}
     for s in schemas:
         for f in s:
-            by_name.setdefault(f.name, []).append(f)
+            by_name.setdefault(f.name, []).append(f.with_type(_plain(f.type)))
     return pa.schema([_common(fields) for fields in by_name.values()])
+
+
+def _plain(t):
+    """A dictionary type as its values' type: a shard gathers rows of several files, whose
+    dictionaries together may outgrow one file's index type (pandas' Categorical: int8)."""
+    import pyarrow as pa
+
+    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _common(fields: list):
@@ -109,7 +132,7 @@ def _common(fields: list):
         return json_text_field(name)
     types = list(dict.fromkeys(f.type for f in fields))
     if len(types) == 1:
-        return fields[0]
+        return pa.field(name, types[0])
     try:
         s = pa.unify_schemas(
             [pa.schema([pa.field(name, t)]) for t in types], promote_options="permissive"
@@ -117,14 +140,27 @@ def _common(fields: list):
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return json_text_field(name)
     t = s.field(name).type
-    return pa.field(name, t) if _holds(t, types) and storable(t) else json_text_field(name)
+    lossless = all(_holds(t, f.type, f.metadata == EXACT_IN_DOUBLE) for f in fields)
+    return pa.field(name, t) if lossless and storable(t) else json_text_field(name)
 
 
-def _holds(common, types: list) -> bool:
-    """Arrow's promotion of int64 and uint64 is int64, which cannot hold 2**63 and up."""
+def _holds(common, t, exact_in_double: bool = False) -> bool:
+    """Whether every value of type `t` converts to `common` exactly, nested types field by
+    field: not integers into a float (past 2**53 they round) unless the values were seen to
+    fit, nor uint64 into a signed integer (2**63 and up)."""
     import pyarrow as pa
 
-    return not (pa.types.is_signed_integer(common) and any(pa.types.is_uint64(t) for t in types))
+    if pa.types.is_integer(t) and pa.types.is_floating(common):  # mantissa: 53 or 24 bits
+        return exact_in_double or t.bit_width <= (32 if pa.types.is_float64(common) else 16)
+    if pa.types.is_uint64(t) and pa.types.is_signed_integer(common):
+        return False
+    if pa.types.is_struct(t) and pa.types.is_struct(common):
+        inner = {common.field(i).name: common.field(i).type for i in range(common.num_fields)}
+        kids = [(inner.get(t.field(i).name), t.field(i).type) for i in range(t.num_fields)]
+        return all(c is None or _holds(c, k) for c, k in kids)
+    if hasattr(t, "value_type") and hasattr(common, "value_type"):
+        return _holds(common.value_type, t.value_type)
+    return True
 
 
 def storable(t, depth: int = 0) -> bool:
