@@ -260,8 +260,11 @@ def _dequantize_gguf(src: ModelSource, target: Path) -> str:
         model.generation_config.save_pretrained(tmp)
         _save_weights(model, tmp / "model.safetensors")
         tok.save_pretrained(tmp)
-        if not target.exists():
+        try:
             tmp.rename(target)
+        except OSError:  # another run made it first (ENOTEMPTY/EEXIST): theirs is the same
+            if not (target / "config.json").is_file():
+                raise
     finally:  # an error or a signal leaves no half-written copy in the cache
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
