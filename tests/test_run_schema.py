@@ -211,3 +211,20 @@ def test_a_resumed_run_writes_its_later_shards_in_the_first_shards_schema(tmp_pa
     assert table["v"].to_pylist() == [
         json.dumps(r["v"]) if r["v"] is not None else None for r in rows
     ]
+
+
+def test_a_value_the_runs_schema_cannot_hold_fails_its_row_and_names_the_way_out(tmp_path):
+    """A column's type is fixed at a run's first start: a later row (rows --retry-errors took
+    in) whose value is of another type fails alone, and the message says how to retype."""
+    from jobrunner.formats.parquet import write_parquet
+    from jobrunner.io.rundir import split_unwritable
+
+    schema = pa.schema([("id", pa.string()), ("x", pa.int64())])
+    records = [{"id": "a", "x": 1}, {"id": "b", "x": "p"}]
+    kept, failed = split_unwritable(
+        records, "parquet", None, lambda recs, path: write_parquet(recs, path, schema)
+    )
+    assert kept == [records[0]] and [e.id for e in failed] == ["b"]
+    assert failed[0].code == "unwritable" and "--restart types the columns anew" in (
+        failed[0].message
+    )

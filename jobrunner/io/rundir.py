@@ -446,6 +446,12 @@ class RunDir:
         fsync_file(self.success_path)
 
 
+SCHEMA_HINT = (
+    " (each column's type is fixed for the whole run at its first start, manifest.json"
+    " `schema`: a value of another type fails its row; --restart types the columns anew)"
+)
+
+
 def split_unwritable(
     records: list[dict[str, Any]], fmt: str, sources: list[Any] | None, write: Callable
 ) -> tuple[list[dict[str, Any]], list[RowError]]:
@@ -458,7 +464,8 @@ def split_unwritable(
     failed = [
         RowError(
             "unwritable",
-            f"the row's values cannot be written as {fmt}: {type(e).__name__}: {e}",
+            f"the row's values cannot be written as {fmt}: {type(e).__name__}: {e}"
+            f"{SCHEMA_HINT if fmt == 'parquet' else ''}",
             sources[i] if sources else None,
             str(records[i].get("id")),
         )
