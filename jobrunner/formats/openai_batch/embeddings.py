@@ -17,10 +17,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
+from jobrunner.formats.openai_batch.prepare import OpenAIPreparer, duplicate_line
 from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens, special_span
-from jobrunner.prep.prepare import derived_id
 from jobrunner.prep.render import RenderError
 from jobrunner.types import Request, RowError, kind_of
 
@@ -58,15 +57,11 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
             return cid
         ids = self.result_ids(cid, raw)[1:]
         if taken := [i for i in ids if i in self._seen]:
-            return BatchLineError(
-                "duplicate_custom_id",
-                f"{raw.source}: {taken[0]!r}, the id of one of this line's inputs, is used by"
-                " an earlier line; rename one of the two custom_ids",
-                raw.source,
-                derived_id(raw.source),
-                "custom_id",
-                custom_id=cid,
+            why = (
+                f"{taken[0]!r}, the id of one of this line's inputs, is used by an earlier line;"
+                " rename one of the two custom_ids"
             )
+            return duplicate_line(raw, cid, why)
         self._seen.update(ids)
         return cid
 

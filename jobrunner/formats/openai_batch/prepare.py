@@ -78,6 +78,18 @@ class Line:
     token_ids: list[int] | None = None  # a completions prompt given as token ids
 
 
+def duplicate_line(raw, cid: str, why: str) -> BatchLineError:
+    """A line whose id another line already uses: its error, under the line's derived id."""
+    return BatchLineError(
+        "duplicate_custom_id",
+        f"{raw.source}: {why}",
+        raw.source,
+        derived_id(raw.source),
+        "custom_id",
+        custom_id=cid,
+    )
+
+
 class OpenAIPreparer(Preparer):
     """`input.format: openai-batch`. Stateful: the first line with a custom_id owns it."""
 
@@ -99,15 +111,8 @@ class OpenAIPreparer(Preparer):
                 "custom_id",
             )
         if cid in self._seen:
-            return BatchLineError(
-                "duplicate_custom_id",
-                f"{raw.source}: custom_id {cid!r} is"
-                " used by an earlier line (custom_ids must be unique)",
-                raw.source,
-                derived_id(raw.source),
-                "custom_id",
-                custom_id=cid,
-            )
+            why = f"custom_id {cid!r} is used by an earlier line (custom_ids must be unique)"
+            return duplicate_line(raw, cid, why)
         self._seen.add(cid)
         return cid
 
