@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".snappy")
 MAX_SKIPPED_NAMED = 5  # files a directory's skipped-files warning names
+_NOTED: set[tuple[str, int]] = set()  # (directory, files skipped) already warned of
 
 
 @dataclass
@@ -77,8 +78,9 @@ def _suffix(file: str) -> str:
 def _note_skipped(path: str, skipped: list[str]) -> None:
     """A directory's files of no input format are not read: say which, never silently."""
     skipped = outside_run_dirs(sorted(skipped), input_root(path))
-    if not skipped:
+    if not skipped or (path, len(skipped)) in _NOTED:  # input_files runs several times a run
         return
+    _NOTED.add((path, len(skipped)))
     packed = [f for f in skipped if _suffix(f) in COMPRESSED]
     names = ", ".join(os.path.relpath(f, path) for f in skipped[:MAX_SKIPPED_NAMED])
     more = (
