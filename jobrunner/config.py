@@ -82,6 +82,10 @@ class InputConfig(_Strict):
     prompt: PromptConfig = Field(default_factory=lambda: PromptConfig(column="prompt"))
     system_prompt: str | None = None
     use_chat_template: bool = True  # text prompts go through the model's chat template
+    # special-token text (`<|im_end|>`) in a chat message's content: "text" tokenizes it as the
+    # characters (OpenAI's API does; a row cannot forge a turn), "parse" as control tokens (HF
+    # apply_chat_template + tokenize, vLLM); a prompt without chat template is always parsed
+    special_tokens: Literal["text", "parse"] = "text"
     priority_column: str | None = None
     on_too_long: Literal["error", "truncate_left", "truncate_right"] = "error"
     max_error_rate: float = Field(0.05, ge=0.0, le=1.0)
@@ -287,12 +291,19 @@ class JobConfig(_Strict):
                     "on_too_long",
                     "response_format_column",
                 }
-            ),
+            )
+            | self._special_tokens_part(),
             "generation": self.generation.model_dump(),
             # the shape of result rows and shards: a run's results/ holds one (not shard_rows,
             # shard_seconds or path, which change where and when rows are committed, not them)
             "output": self.output.model_dump(include={"format", "keep_input_columns"}),
         }
+
+    def _special_tokens_part(self) -> dict[str, Any]:
+        """input.special_tokens, when not the default: runs made before the key keep their
+        fingerprint (their rows without special-token text are tokenized the same)."""
+        chosen = self.input.special_tokens
+        return {"special_tokens": chosen} if chosen != "text" else {}
 
 
 def fingerprint(obj: Any) -> str:

@@ -17,8 +17,8 @@ from typing import Any
 from jobrunner.config import JobConfig
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.prep.render import Framed, PromptRenderer, RenderError
-from jobrunner.prep.tokens import TextEncoder
+from jobrunner.prep.render import Framed, PromptRenderer, RenderError, Segmented
+from jobrunner.prep.tokens import TextEncoder, pieces_ids
 from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
 from jobrunner.types import Request, RowError, RowRef, SamplingParams, kind_of
 
@@ -124,14 +124,13 @@ class Preparer:
         tokenizer refuses fails its own row only."""
         if not texts:
             return []
-        special = self.renderer.adds_special_tokens
         try:
             return self._encode(texts)
         except Exception:
             out: list[list[int] | BaseException] = []
             for t in texts:
                 try:
-                    out.append(self.tokenizer([t], add_special_tokens=special)["input_ids"][0])
+                    out.append(self._encode([t])[0])
                 except Exception as e:  # this row's text only
                     out.append(e)
             return out
@@ -160,10 +159,25 @@ class Preparer:
             for k, ids in zip(framed, self.encoder.encode(contents, False), strict=True):
                 out[k] = [*pre, *ids, *post]
         rest = [k for k in range(len(texts)) if not (frame and isinstance(texts[k], Framed))]
-        if rest:
-            special = self.renderer.adds_special_tokens
-            encoded = self.encoder.encode([texts[k] for k in rest], special)
-            for k, ids in zip(rest, encoded, strict=True):
+        for k, ids in zip(rest, self.encode_texts([texts[k] for k in rest]), strict=True):
+            out[k] = ids
+        return out
+
+    def encode_texts(self, texts: list[str], special: bool | None = None) -> list[list[int]]:
+        """Token ids per text (`special`: add the tokenizer's special tokens; by default as the
+        renderer says); chat text whose contents hold special-token text (`Segmented`) is
+        tokenized piece by piece, so that text stays text."""
+        special = self.renderer.adds_special_tokens if special is None else special
+        parts = [k for k, t in enumerate(texts) if isinstance(t, Segmented)]
+        whole = [k for k, t in enumerate(texts) if not isinstance(t, Segmented)]
+        out: list[list[int]] = [[] for _ in texts]
+        if parts:
+            encoded = pieces_ids(self.tokenizer, [texts[k].pieces for k in parts])
+            for k, ids in zip(parts, encoded, strict=True):
+                out[k] = ids
+        if whole:
+            encoded = self.encoder.encode([texts[k] for k in whole], special)
+            for k, ids in zip(whole, encoded, strict=True):
                 out[k] = ids
         return out
 

@@ -69,6 +69,18 @@ class Framed(str):
         return out
 
 
+class Segmented(str):
+    """Chat text whose message contents hold special-token text, in `pieces`: (text, content)
+    pairs in order; content pieces are tokenized with their special-token text as text."""
+
+    __slots__ = ("pieces",)
+
+    def __new__(cls, pieces: list[tuple[str, bool]]) -> Segmented:
+        out = super().__new__(cls, "".join(p for p, _ in pieces))
+        out.pieces = tuple(pieces)
+        return out
+
+
 def _plain(text: str) -> bool:
     """No surrounding whitespace and no leading markup: what FRAME_PROBES vouch for."""
     return not (text[0].isspace() or text[-1].isspace()) and text[0] not in "<[/{#@!"
@@ -104,7 +116,7 @@ class PromptRenderer:
         """One user message through the chat template: the template's text around a plain
         message is rendered once (`_frame`), since Jinja per row costs more than tokenizing."""
         frame = self._frame
-        if frame is None or not _plain(text):
+        if frame is None or not _plain(text) or self._holds_special(text):
             return self.chat([{"role": "user", "content": text}])
         return Framed(f"{frame[0]}{text}{frame[1]}", text)
 
@@ -147,8 +159,54 @@ class PromptRenderer:
         if not getattr(self.tokenizer, "chat_template", None):
             raise RenderError("no_chat_template", "the model's tokenizer has no chat template")
         extra = {"tools": tools} if tools else {}
+        if any(self._holds_special(m["content"]) for m in messages):
+            return self._segmented(messages, extra)
+        return self._apply(messages, extra)
+
+    def _apply(self, messages: list[dict[str, str]], extra: dict[str, Any]) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **extra
+        )
+
+    @cached_property
+    def _specials(self) -> re.Pattern | None:
+        """The special tokens' texts, when input.special_tokens keeps them text in content."""
+        if self.cfg.special_tokens != "text":
+            return None
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", {})
+        texts = sorted({t.content for t in decoder.values() if t.special and t.content}, key=len)
+        return re.compile("|".join(map(re.escape, texts[::-1]))) if texts else None
+
+    def _holds_special(self, content: str) -> bool:
+        return self._specials is not None and self._specials.search(content) is not None
+
+    def _segmented(self, messages: list[dict[str, str]], extra: dict[str, Any]) -> Segmented:
+        """The chat text with each message's content marked as such: the template renders a
+        marker in each content's place, and the result must equal the real rendering with the
+        contents (or, for templates that trim them, the trimmed contents) put back."""
+        text = self._apply(messages, extra)
+        marks = [f"\u2063jobrunner-content-{i}\u2063" for i in range(len(messages))]
+        marked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        out = self._apply(marked, extra)
+        for trim in (False, True):
+            pieces, rest = [], out
+            for mark, m in zip(marks, messages, strict=True):
+                if rest.count(mark) != 1:
+                    continue
+                before, rest = rest.split(mark)
+                content = m["content"].strip() if trim else m["content"]
+                pieces += [(before, False), (content, True)]
+            pieces.append((rest, False))
+            if "".join(p for p, _ in pieces) == text:
+                return Segmented([p for p in pieces if p[0]])
+        i = next(i for i, m in enumerate(messages) if self._holds_special(m["content"]))
+        raise RenderError(
+            "special_tokens",
+            f"messages[{i}].content holds special-token text"
+            f" ({self._specials.search(messages[i]['content']).group()!r}) where the chat template"
+            " changes the content, so it cannot be kept as text: remove it, or set"
+            " input.special_tokens: parse to read it as control tokens",
+            f"messages[{i}].content",
         )
 
     def _column_text(self, values: dict[str, Any], column: str) -> str:

@@ -190,3 +190,22 @@ def _specials_add_nothing(tokenizer: Any) -> bool:
     on = tokenizer(["a b"], add_special_tokens=True)["input_ids"][0]
     off = tokenizer(["a b"], add_special_tokens=False)["input_ids"][0]
     return list(on) == list(off)
+
+
+def pieces_ids(tokenizer: Any, texts: list[tuple[tuple[str, bool], ...]]) -> list[list[int]]:
+    """Token ids of texts made of (piece, content) pairs: a template's piece with its special
+    tokens read as such, a content piece with special-token text read as its characters
+    (`split_special_tokens`); one batch call for each kind over every text."""
+    flat = [(k, piece, content) for k, pieces in enumerate(texts) for piece, content in pieces]
+    ids: dict[int, list[int]] = {}
+    for content in (False, True):
+        todo = [j for j, f in enumerate(flat) if f[2] is content]
+        if todo:
+            encoded = tokenizer(
+                [flat[j][1] for j in todo], add_special_tokens=False, split_special_tokens=content
+            )["input_ids"]
+            ids.update(zip(todo, map(list, encoded), strict=True))
+    out: list[list[int]] = [[] for _ in texts]
+    for j, (k, _, _) in enumerate(flat):
+        out[k] += ids[j]
+    return out

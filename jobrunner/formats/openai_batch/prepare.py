@@ -128,9 +128,8 @@ class OpenAIPreparer(Preparer):
             ]
             if todo:
                 texts = [out[k][2].text for k in todo]
-                encoded = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
-                for k, ids in zip(todo, encoded, strict=True):
-                    out[k][2].token_ids = list(ids)
+                for k, ids in zip(todo, self.encode_texts(texts, special), strict=True):
+                    out[k][2].token_ids = ids
         return [self._line_request(*o) if isinstance(o, tuple) else o for o in out]
 
     # ------------------------------------------------------------------ per line
