@@ -128,6 +128,35 @@ def test_a_dequantize_that_fails_leaves_nothing_in_the_cache(tmp_path, monkeypat
     assert list((tmp_path / "gguf").iterdir()) == []
 
 
+def test_a_fault_in_our_own_conversion_is_not_blamed_on_the_model_files(tmp_path, monkeypatch):
+    """model.source errors are for what transformers refuses in the user's files; a ValueError
+    of our own writing code (after transformers read the file) stays a bug (exit 70)."""
+    from jobrunner.config import ModelConfig
+    from jobrunner.engine import loader
+
+    class Saves:
+        def save_pretrained(self, path):
+            pass
+
+    class Loaded:
+        config = generation_config = Saves()
+
+    import transformers
+
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Loaded()
+    )
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr(
+        loader, "_save_weights", lambda *a: (_ for _ in ()).throw(ValueError("ours"))
+    )
+    monkeypatch.setenv("JOBRUNNER_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="ours") as caught:
+        loader.load_model(ModelConfig(source=str(tmp_path / "m.gguf")))
+    assert not isinstance(caught.value, errors.JobError)
+
+
 def as_nobody() -> list[str] | None:
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         return None

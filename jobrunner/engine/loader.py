@@ -94,8 +94,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
 
     src = resolve_source(cfg.source)
     device = pick_device(cfg.device)
-    with model_files(str(src.gguf_path) if src.kind == "gguf" else src.path):
-        weights_dir = _ensure_dense(src)
+    weights_dir = _ensure_dense(src)
     dtype, dtype_reason = pick_dtype(cfg.dtype, device, weights_dir)
     encoder = is_encoder_dir(weights_dir)
     auto = AutoModel if encoder else AutoModelForCausalLM
@@ -248,10 +247,11 @@ def _dequantize_gguf(src: ModelSource, target: Path) -> str:
     tmp.mkdir(parents=True, exist_ok=True)  # the cache is writable before the expensive part
     log.info("dequantizing %s once into %s (later runs load the cache)", src.gguf_path, target)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src.path, gguf_file=src.gguf_file, dtype=torch.float32
-        )
-        tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+        with model_files(str(src.gguf_path)):  # what transformers refuses in the file is 78
+            model = AutoModelForCausalLM.from_pretrained(
+                src.path, gguf_file=src.gguf_file, dtype=torch.float32
+            )
+            tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
         # Written by hand: transformers refuses to serialize a model it loaded through GGUF.
         config = model.config
         if hasattr(config, "quantization_config"):
