@@ -415,6 +415,7 @@ def save_estimate(cfg: JobConfig, est: dict[str, Any]) -> tuple[Path | None, str
     a store run's goes to its local staging directory, where its report looks for it."""
     from jobrunner.errors import JobError
     from jobrunner.lifecycle import output_state, run_dir
+    from jobrunner.resume import job_fingerprint
 
     try:
         output_state(cfg)
@@ -423,6 +424,7 @@ def save_estimate(cfg: JobConfig, est: dict[str, Any]) -> tuple[Path | None, str
     rundir = run_dir(cfg)  # a write the machine refuses (full disk, ulimit -f) raises: 75, 78
     make_run_dir(rundir.path)
     path = rundir.path / ESTIMATE_FILE
+    est = {**est, "settings": job_fingerprint(cfg.fingerprint_parts())}  # the report checks it
     write_text_atomic(path, json.dumps(est, indent=2, sort_keys=True))
     return path, ""
 

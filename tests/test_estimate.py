@@ -288,3 +288,18 @@ def test_the_child_sharing_most_tokens_is_found_among_many():
         kept = blocks[-CHILDREN_KEPT:]
         best = max(common_length(tuple(b), want) for b in kept)
         assert seen._partial(None, array("I", want).tobytes()) == best
+
+
+def test_a_report_compares_only_an_estimate_made_for_the_run_s_settings(job):
+    """estimate, then the job file edited (more new tokens), then run: the report does not set
+    the old estimate against the new run, and says which settings differ."""
+    cli = CliRunner()
+    assert cli.invoke(app, ["estimate", str(job)]).exit_code == 0
+    job.write_text(job.read_text().replace("max_new_tokens: 6", "max_new_tokens: 3"))
+    res = cli.invoke(app, ["run", str(job)])
+    assert res.exit_code == 0, res.output
+    out = job.parent / "out"
+    report = json.loads((out / "report.json").read_text())
+    assert report["estimate"]["other_settings"] == ["generation"]
+    assert "figures" not in report["estimate"]
+    assert "made for other settings (generation)" in (out / "report.md").read_text()

@@ -104,7 +104,8 @@ def build_report(rundir: RunDir) -> Report:
         workers=[w for r in runs for w in r.workers],
         finished_at=m.finished_at if m else None,
     )
-    report.estimate = compare_estimate(rundir.path / ESTIMATE_FILE, report)
+    fp = m.fingerprint if m else {}
+    report.estimate = compare_estimate(rundir.path / ESTIMATE_FILE, report, fp)
     report.cost.price_warnings = price_warnings(report.cost.price_date, report.api_equivalent)
     return report
 
@@ -199,11 +200,19 @@ def _kind(sample: dict[str, Any]) -> str:
     return sample["device"].rsplit(" ", 1)[-1]
 
 
-def compare_estimate(path: Path, report: Report) -> dict[str, Any] | None:
-    """Predicted (by `jobrunner estimate`) against actual, with the relative error of each."""
+def compare_estimate(
+    path: Path, report: Report, fingerprint: dict[str, str]
+) -> dict[str, Any] | None:
+    """Predicted (by `jobrunner estimate`) against actual, with the relative error of each; an
+    estimate made for other settings than the run's (the job file edited since) is not compared
+    and says which differ."""
     if not path.is_file():
         return None
     est = json.loads(path.read_text(encoding="utf-8"))
+    made_for = est.get("settings") or {}
+    other = sorted(k for k, v in made_for.items() if fingerprint and fingerprint.get(k) != v)
+    if other:
+        return {"created_at": est.get("created_at"), "other_settings": other}
     actual = {
         "rows": report.rows.total,
         "prompt_tokens": report.tokens.prompt,

@@ -113,6 +113,14 @@ def estimate_table(r: Report) -> list[str]:
     e = r.estimate
     if not e:
         return []
+    if e.get("other_settings"):
+        which = ", ".join(e["other_settings"])
+        return [
+            "## Estimate vs actual",
+            "",
+            f"estimate.json was made for other settings ({which}) than this run's: not compared.",
+            "",
+        ]
     lines = [
         "## Estimate vs actual",
         "",
