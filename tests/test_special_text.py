@@ -146,3 +146,14 @@ def test_openai_batch_chat_content_is_text_and_completions_prompt_is_parsed(tok)
     chat, completion = OpenAIPreparer(c, tok).prepare_batch(rows(lines))
     assert count_control(tok, chat.prompt_token_ids) == 5
     assert count_control(tok, completion.prompt_token_ids) == 3
+
+
+def test_a_rendered_prompt_pickles_as_its_text(tok):
+    """A Request's prompt may be a Framed or Segmented text; either pickles as a plain str."""
+    import pickle
+
+    p = Preparer(job(), tok)
+    reqs = p.prepare_batch(rows([{"id": "a", "prompt": "plain"}, {"id": "b", "prompt": FORGED}]))
+    for req in reqs:
+        again = pickle.loads(pickle.dumps(req))
+        assert again.prompt == req.prompt and type(again.prompt) is str

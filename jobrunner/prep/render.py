@@ -68,6 +68,9 @@ class Framed(str):
         out.content = content
         return out
 
+    def __reduce__(self) -> tuple[type, tuple[str]]:  # pickled or copied: the text alone
+        return str, (str(self),)
+
 
 class Segmented(str):
     """Chat text whose message contents hold special-token text, in `pieces`: (text, content)
@@ -79,6 +82,9 @@ class Segmented(str):
         out = super().__new__(cls, "".join(p for p, _ in pieces))
         out.pieces = tuple(pieces)
         return out
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return str, (str(self),)
 
 
 def _plain(text: str) -> bool:
