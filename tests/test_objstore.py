@@ -153,6 +153,26 @@ def test_a_prefix_holding_other_objects_is_refused(s3_env):
     StoreRunDir(f"{s3_env}/empty").check_ours()  # an empty prefix is fine
 
 
+def test_a_prefix_inside_another_run_is_refused(s3_env):
+    """A run's prefix under another run's (its results/, or any folder below it) is refused, as
+    locally: --restart or the finish of either would delete the other's objects."""
+    import pytest
+
+    from jobrunner.errors import RunDirError
+    from jobrunner.io.store_rundir import StoreRunDir
+
+    url = f"{s3_env}/outer/run"
+    rd = StoreRunDir(url)
+    m = rd.prepare()
+    rd.save_manifest(m)
+    rd.commit(m, [_rec(0)], [])
+    for inside in ("sub", "results/x", "a/b/c"):
+        with pytest.raises(RunDirError, match=f"inside the run directory {url}:"):
+            StoreRunDir(f"{url}/{inside}").check_ours()
+    StoreRunDir(f"{s3_env}/outer/run-2").check_ours()  # a sibling, and the run itself, are fine
+    StoreRunDir(url).check_ours()
+
+
 def test_a_store_without_conditional_writes_warns_and_checks_first(s3_env, caplog):
     import pytest
 

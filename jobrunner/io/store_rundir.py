@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jobrunner.errors import RunLocked, StoreError
+from jobrunner.errors import RunDirError, RunLocked, StoreError
 from jobrunner.formats import FORMATS
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
 from jobrunner.io.identity import ROWS_FILE
@@ -114,7 +114,9 @@ class StoreRunDir:
         self._put(self._key(name), (self.path / name).read_bytes(), None)
 
     def check_ours(self) -> None:
-        """The prefix holds a run (commit records) or nothing: anything else is the user's."""
+        """The prefix holds a run (commit records) or nothing: anything else is the user's. A
+        prefix inside another run's is refused too, as a local run directory inside another."""
+        self._check_not_inside_a_run()
         if self._list("commits"):
             return
         try:
@@ -123,6 +125,23 @@ class StoreRunDir:
             foreign = []
         if foreign:
             raise not_a_run(self.url, "no commits/", foreign, "under an empty prefix")
+
+    def _check_not_inside_a_run(self) -> None:
+        """One listing a level up to the bucket: a prefix above holding commit records."""
+        parts = self.root.split("/")
+        for n in range(len(parts) - 1, 0, -1):
+            above = "/".join(parts[:n])
+            try:
+                records = self.fs.ls(f"{above}/commits", detail=False)
+            except FileNotFoundError:
+                continue
+            if records:
+                head = self.url[: len(self.url) - len(self.root)]
+                where = head + above if self.url.endswith(self.root) else above
+                raise RunDirError(
+                    f"output.path {self.url} is inside the run directory {where}: a run"
+                    " directory holds one run's files only. Choose an output.path outside it"
+                )
 
     def check_finished(self, m: Manifest) -> bool:
         """A finished run's recorded shards are all in the store (one listing); False when one
