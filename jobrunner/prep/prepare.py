@@ -150,15 +150,17 @@ class Preparer:
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text; framed chat prompts tokenize only their user text (render.py)."""
-        frame = self.renderer.frame_token_ids if texts else None
-        framed = [k for k, t in enumerate(texts) if frame and isinstance(t, Framed)]
+        framed = [k for k, t in enumerate(texts) if isinstance(t, Framed)]
+        frame = self.renderer.frame_token_ids if framed else None
+        framed = framed if frame else []
         out: list[list[int]] = [[] for _ in texts]
         if framed:
             pre, post = frame
             contents = [texts[k].content for k in framed]
             for k, ids in zip(framed, self.encoder.encode(contents, False), strict=True):
                 out[k] = [*pre, *ids, *post]
-        rest = [k for k in range(len(texts)) if not (frame and isinstance(texts[k], Framed))]
+        taken = set(framed)
+        rest = [k for k in range(len(texts)) if k not in taken]
         for k, ids in zip(rest, self.encode_texts([texts[k] for k in rest]), strict=True):
             out[k] = ids
         return out
