@@ -10,12 +10,14 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -28,7 +30,17 @@ from jobrunner.structured.spec import SpecError, generation_spec
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: a value of the wrong YAML type is refused, never coerced (`true` is not 1, "128"
+    # is not 128, 2.0 is not 2); an integer stays a valid float (`temperature: 1`)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+def _token_id_text(v: Any) -> Any:
+    """A logit_bias key may be an integer's text, as in OpenAI's JSON bodies ({"50256": -100})."""
+    return int(v) if isinstance(v, str) and re.fullmatch(r"-?[0-9]+", v) else v
+
+
+TokenIdKey = Annotated[int, BeforeValidator(_token_id_text)]
 
 
 class ModelConfig(_Strict):
@@ -111,7 +123,8 @@ class GenerationConfig(_Strict):
     repetition_penalty: float = Field(
         1.0, gt=0.0, allow_inf_nan=False
     )  # HF/vLLM: over prompt and output tokens
-    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> bias in [-100, 100]
+    # token id (an integer, or its text as in OpenAI's bodies) -> bias in [-100, 100]
+    logit_bias: dict[TokenIdKey, float] = Field(default_factory=dict)
     min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids are banned before this many tokens
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list
@@ -544,30 +557,73 @@ def _describe(
     msgs = []
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        if loc[-1:] == ("[key]",):  # a mapping's key (logit_bias's): named by the mapping
+            loc, e = loc[:-2], {**e, "of_key": True}
         key = ".".join(str(x) for x in loc) or "(top level)"
-        arg = next((a for k, a in args.items() if loc[: len(k)] == k), None)
+        arg = next(((k, a) for k, a in args.items() if loc[: len(k)] == k), None)
         if arg:  # a command-line argument set it: blame the argument, not the file
-            msgs.append(f"{arg}: {key} {_humanize(e, key)}{_quote_hint(e, arg)}")
+            msgs.append(f"{arg[1]}: {key} {_humanize(e, key)}{_set_hint(e, loc, *arg)}")
             continue
         line = _nearest_line(loc, lines)
         where = f"{path}:{line}" if line else str(path)
-        msgs.append(f"{where} {key}: {_humanize(e, key)}")
+        msgs.append(f"{where} {key}: {_humanize(e, key)}{_yaml_hint(e)}")
     return "\n".join(msgs)
 
 
-def _quote_hint(e: dict, arg: str) -> str:
-    """--set parses its value as YAML: `{prompt}` is a mapping and `[x]` a list there."""
+# A value of the wrong YAML type (the models are strict: nothing is coerced): what it must be
+_WANTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "text",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping of keys",
+}
+
+
+def _yaml_hint(e: dict) -> str:
+    """How to write, in YAML, a value that was read as another type than its key's."""
+    kind, got = e["type"], e.get("input")
+    if e.get("of_key"):
+        return ""
+    if kind == "int_type" and isinstance(got, float) and got.is_integer():
+        return f" (write a whole number: {int(got)})"
+    if kind in ("int_type", "float_type", "bool_type") and isinstance(got, str):
+        return " (quoted, so YAML reads it as text: remove the quotes)" if _unquoted(e) else ""
+    if kind != "string_type" or got is None or isinstance(got, str):
+        return ""
+    if isinstance(got, bool):
+        return " (YAML reads unquoted yes, no, on, off, true and false as booleans: quote it)"
+    return " (quote it for text)"
+
+
+def _unquoted(e: dict) -> bool:
+    """The text of a value the key wanted as a number or a boolean is one without its quotes."""
+    try:
+        value = yaml.safe_load(e["input"])
+    except yaml.YAMLError:
+        return False
+    if isinstance(value, bool):  # before int: a bool is an int in Python
+        return e["type"] == "bool_type"
+    return isinstance(value, {"int_type": int, "float_type": int | float}.get(e["type"], ()))
+
+
+def _set_hint(e: dict, loc: tuple, key: tuple, arg: str) -> str:
+    """--set parses its value as YAML: `5` is a number, `{prompt}` a mapping and `[x]` a list
+    there; text that YAML reads otherwise must be quoted."""
     raw = arg.partition("=")[2].strip()
-    if e["type"] == "string_type" and raw[:1] in "{[" and isinstance(e.get("input"), dict | list):
-        key = arg.removeprefix("--set ").partition("=")[0]
-        return f" (the value was read as YAML; quote it for text: --set '{key}=\"{raw}\"')"
-    return ""
+    if e["type"] != "string_type" or loc != key or not raw or not _yaml_hint(e):
+        return _yaml_hint(e)
+    name = arg.removeprefix("--set ").partition("=")[0]
+    return f" (the value was read as YAML; quote it for text: --set '{name}=\"{raw}\"')"
 
 
 def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:
     for n in range(len(loc), 0, -1):
-        if loc[:n] in lines:
-            return lines[loc[:n]]
+        for head in (loc[:n], tuple(map(str, loc[:n]))):  # YAML gives a mapping's keys as text
+            if head in lines:
+                return lines[head]
     return None
 
 
@@ -577,6 +633,9 @@ def _humanize(e: dict, key: str) -> str:
         near = nearest_key(key)
         hint = f"did you mean {near}? " if near else ""
         return f"unknown key; {hint}(every key: docs/DESIGN.md, section 4 'The job file')"
+    if want := _WANTED.get(kind):
+        whose = "each key " if e.get("of_key") else ""
+        return f"{whose}must be {want}, got {_shown(e.get('input'))}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}, got {e.get('input')!r}"
     for op, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
@@ -587,3 +646,11 @@ def _humanize(e: dict, key: str) -> str:
             return f"must be {word} {ctx.get(op)}, got {e.get('input')!r}"
     msg = e["msg"]
     return msg.removeprefix("Value error, ")
+
+
+def _shown(value: Any) -> str:
+    """A value as the YAML that gives it (true, null, 'text', 2.0), cut short when long."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

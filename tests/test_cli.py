@@ -26,6 +26,14 @@ def test_unknown_executor_exits_78_naming_the_argument(tmp_path):
     assert summary["exit_code"] == 78
 
 
+def test_a_value_of_the_wrong_type_exits_78_naming_line_and_key(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\ngeneration:\n  max_new_tokens: true\n")
+    result, summary = run_cli("run", job)
+    assert result.exit_code == 78 and summary["exit_code"] == 78
+    assert summary["error"] == f"{job}:3 generation.max_new_tokens: must be an integer, got true"
+    assert not (tmp_path / "out").exists()
+
+
 def test_version():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0

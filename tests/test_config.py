@@ -48,6 +48,92 @@ def test_sampling_values_no_row_could_use_are_refused(tmp_path, value, why):
         load_job(job)
 
 
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("max_new_tokens: true", "generation.max_new_tokens: must be an integer, got true"),
+        (
+            'max_new_tokens: "128"',
+            "generation.max_new_tokens: must be an integer, got '128'"
+            " (quoted, so YAML reads it as text: remove the quotes)",
+        ),
+        ("max_new_tokens: 2.0", "generation.max_new_tokens: must be an integer, got 2.0 (write"),
+        ("seed: 1.5", "generation.seed: must be an integer, got 1.5"),
+        ("top_k: false", "generation.top_k: must be an integer, got false"),
+        ('ignore_eos: "yes"', "generation.ignore_eos: must be true or false, got 'yes' (quoted"),
+        ("ignore_eos: 1", "generation.ignore_eos: must be true or false, got 1"),
+        ("logprobs: 0", "generation.logprobs: must be true or false, got 0"),
+        ('temperature: "0.5"', "generation.temperature: must be a number, got '0.5' (quoted"),
+        ("top_p: true", "generation.top_p: must be a number, got true"),
+        ("stop: [1]", "generation.stop.0: must be text, got 1 (quote it for text)"),
+        ("choice: [yes, no]", "generation.choice.0: must be text, got true (YAML reads unquoted"),
+        ("stop_token_ids: [2.0]", "generation.stop_token_ids.0: must be an integer, got 2.0"),
+        ("logit_bias: {7: true}", "generation.logit_bias.7: must be a number, got true"),
+        ("logit_bias: {x: 1}", "generation.logit_bias: each key must be an integer, got 'x'"),
+    ],
+)
+def test_a_value_of_the_wrong_yaml_type_is_refused_not_coerced(tmp_path, value, why):
+    job = write_job(tmp_path / "job.yaml", f"name: x\ngeneration:\n  {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(job)
+    assert str(e.value).startswith(f"{job}:3 {why}")
+    assert e.value.exit_code == EXIT_CONFIG
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("name: 5", "1 name: must be text, got 5 (quote it for text)"),
+        ("model: {trust_remote_code: 1}", "1 model.trust_remote_code: must be true or false"),
+        ("model: {keep_in_16bit: lm_head}", "1 model.keep_in_16bit: must be a list, got 'lm_he"),
+        ("input: {batch_rows: 1.0e+3}", "1 input.batch_rows: must be an integer, got 1000.0"),
+        ("input: {use_chat_template: 'no'}", "1 input.use_chat_template: must be true or false"),
+        ("input: {prompt: text}", "1 input.prompt: must be a mapping of keys, got 'text'"),
+        ("output: {keep_input_columns: 0}", "1 output.keep_input_columns: must be true or false"),
+        ("output: {shard_rows: '10'}", "1 output.shard_rows: must be an integer, got '10'"),
+        ("engine: {kv_cache_bytes: 8.0e+9}", "1 engine.kv_cache_bytes: must be an integer, got"),
+        ("engine: {prefix_caching: 'false'}", "1 engine.prefix_caching: must be true or false"),
+        ("embedding: {normalize: 1}", "1 embedding.normalize: must be true or false, got 1"),
+        ("cost: {gpu_hour_usd: '2.5'}", "1 cost.gpu_hour_usd: must be a number, got '2.5'"),
+        ("ray: {num_workers: true}", "1 ray.num_workers: must be an integer, got true"),
+        ("model: 5", "1 model: must be a mapping of keys, got 5"),
+    ],
+)
+def test_every_section_refuses_a_value_of_the_wrong_type(tmp_path, text, why):
+    job = write_job(tmp_path / "job.yaml", text + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(job)
+    assert str(e.value).startswith(f"{job}:{why}")
+
+
+def test_numbers_where_a_number_is_wanted_still_load(tmp_path):
+    job = write_job(
+        tmp_path / "job.yaml",
+        "generation:\n  temperature: 1\n  top_p: 1\n  logit_bias: {'50256': -100, 7: 2}\n"
+        "ray: {cpus_per_worker: 2}\noutput: {shard_seconds: 5}\n",
+    )
+    cfg = load_job(job)
+    assert cfg.generation.temperature == 1.0 and isinstance(cfg.generation.temperature, float)
+    assert cfg.generation.logit_bias == {50256: -100.0, 7: 2.0}  # OpenAI's bodies key it by text
+    assert (cfg.ray.cpus_per_worker, cfg.output.shard_seconds) == (2.0, 5.0)
+
+
+def test_set_values_are_typed_as_yaml_reads_them(tmp_path):
+    job = write_job(tmp_path / "job.yaml", "name: x\n")
+    cfg = load_job(job, ["generation.max_new_tokens=64", "model.revision='2024'", 'name="5"'])
+    assert (cfg.generation.max_new_tokens, cfg.model.revision, cfg.name) == (64, "2024", "5")
+    with pytest.raises(ConfigError) as e:
+        load_job(job, ["model.revision=2024"])
+    assert str(e.value) == (
+        "--set model.revision=2024: model.revision must be text, got 2024 (the value was read"
+        " as YAML; quote it for text: --set 'model.revision=\"2024\"')"
+    )
+    with pytest.raises(ConfigError, match=r"^--set generation.ignore_eos=1: generation.ignore_"):
+        load_job(job, ["generation.ignore_eos=1"])
+    with pytest.raises(ConfigError, match=r"^--set generation.stop=\[1\]: generation.stop.0 must"):
+        load_job(job, ["generation.stop=[1]"])
+
+
 def test_unknown_key_is_refused_with_its_line(tmp_path):
     job = write_job(tmp_path / "job.yaml", "name: x\nmodel:\n  source: a/b\n  dtyp: float32\n")
     with pytest.raises(ConfigError, match=r"job.yaml:4 model.dtyp: unknown key"):
