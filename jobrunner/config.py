@@ -273,6 +273,26 @@ class JobConfig(_Strict):
             )
         return self
 
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Raise ConfigError (78) when generation.logit_bias or stop_token_ids name a token id
+        past the model's vocabulary (`vocab_size`: len(tokenizer)), which every row would fail
+        on; once the tokenizer is loaded, before any row runs."""
+        if self.task != "generate":  # an embed job samples nothing
+            return
+        g = self.generation
+        for key, ids in (
+            ("logit_bias", sorted(g.logit_bias)),
+            ("stop_token_ids", g.stop_token_ids),
+        ):
+            if bad := [t for t in ids if t >= vocab_size]:
+                named = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+                where = f"{self.source_file}: " if self.source_file else ""  # as check_columns
+                raise ConfigError(
+                    f"{where}generation.{key}: token id{'s' if len(bad) > 1 else ''} {named} past the"
+                    f" model's vocabulary of {vocab_size} tokens (ids 0 to {vocab_size - 1});"
+                    " use ids of this model's tokenizer"
+                )
+
     def fingerprint_parts(self) -> dict[str, Any]:
         """What makes two runs 'the same job' (resume refuses a different one)."""
         parts = self._generate_parts()

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from jobrunner.cli import app
 from jobrunner.config import JobConfig
+from jobrunner.errors import ConfigError
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.formats.jsonl import parse_json_line
 from jobrunner.formats.openai_batch.output import error_record
@@ -168,6 +169,30 @@ def test_a_too_long_prompt_is_a_400_naming_the_body_field(tmp_path, tokenizer):
     c, p = make_preparer(cfg, tokenizer).prepare(read_rows(str(f), "openai-batch"))
     assert isinstance(c, Request) and isinstance(p, Request)
     assert len(c.prompt_token_ids) == 63 and c.sampling.max_new_tokens == 1
+
+
+def test_a_lines_own_token_ids_past_the_vocabulary_fail_that_line_alone(tmp_path, tokenizer):
+    f = tmp_path / "b.jsonl"
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    lines = [
+        line("bias", "/chat/completions", {**body, "logit_bias": {"49152": 5}}),
+        line("stop", "/chat/completions", {**body, "stop_token_ids": [2, 60000]}),
+        line("fine", "/chat/completions", {**body, "logit_bias": {"49151": 5}}),
+    ]
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = JobConfig.model_validate({"input": {"path": str(f), "format": "openai-batch"}})
+    bias, stop, fine = make_preparer(cfg, tokenizer).prepare(read_rows(str(f), "openai-batch"))
+    assert (bias.code, bias.field, stop.code, stop.field) == (
+        "bad_sampling",
+        "logit_bias",
+        "bad_sampling",
+        "stop_token_ids",
+    )
+    assert "outside the model's vocabulary (size 49152): [60000]" in stop.message
+    assert isinstance(fine, Request)
+    cfg.generation.logit_bias = {49152: 5.0}  # the job's own: no line could run
+    with pytest.raises(ConfigError, match="^generation.logit_bias: token id 49152 past"):
+        make_preparer(cfg, tokenizer)
 
 
 def test_engine_failures_keep_the_row_id_as_custom_id():

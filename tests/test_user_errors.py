@@ -379,3 +379,34 @@ def test_validate_takes_a_corrected_job_where_run_stopped_before_any_row(tmp_pat
     assert (tmp_path / "out" / "manifest.json").is_file()
     code, summary = cli("validate", str(job), "--set", "model.source=smollm2-135m-instruct")
     assert code == 0, summary
+
+
+@pytest.mark.parametrize(
+    "generation, words",
+    [
+        (
+            {"logit_bias": {"49152": -100, "7": 5}},
+            "generation.logit_bias: token id 49152 past the model's vocabulary of 49152 tokens"
+            " (ids 0 to 49151); use ids of this model's tokenizer",
+        ),
+        (
+            {"stop_token_ids": [2, 70000, 50000]},
+            "generation.stop_token_ids: token ids 70000, 50000 past the model's vocabulary",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_job_token_ids_past_the_vocabulary_exit_78_before_any_row(
+    tmp_path, monkeypatch, command, generation, words
+):
+    """Not a bad_sampling error on every row (exit 65): the job's own ids, refused once the
+    tokenizer is loaded (run: before the quality gate, quantizing and the engine)."""
+    from jobrunner.engine import start
+
+    monkeypatch.setattr(start, "prepare_weights", lambda *a: pytest.fail("went on past the load"))
+    job = job_file(tmp_path, [{"id": "a", "prompt": "hi"}], generation=generation)
+    code, summary = cli(command, str(job))
+    assert (code, summary["exit_code"]) == (78, 78)
+    assert summary["error"].startswith(f"{job}: {words}")  # the job file, then the key
+    assert not (tmp_path / "out" / "errors.jsonl").exists()
+    assert not list((tmp_path / "out").glob("results/*"))

@@ -97,7 +97,8 @@ class _Parts:
 def start_engine(
     cfg: JobConfig, since: float | None = None, cpu_threads: int | None = None
 ) -> StartedEngine:
-    """Raises ConfigError (78) for a model or format this device cannot run and
+    """Raises ConfigError (78) for a model or format this device cannot run or token ids
+    (generation.logit_bias, stop_token_ids) the model lacks, and
     QualityBelowThreshold (65) when the quantized model falls below the bar. `cpu_threads`:
     torch's threads on a CPU device, unless engine.num_threads sets them."""
     collector.pause()  # (and `run`'s, from its start) the imports and load make little garbage
@@ -113,6 +114,7 @@ def _start(cfg: JobConfig, parts: _Parts, cpu_threads: int | None) -> StartedEng
 
     parts.mark("imports")
     loaded = loader.load_model(cfg.model)  # looked up here: tests stand in for it
+    cfg.check_token_ids(len(loaded.tokenizer))  # before the quality gate, quantizing, warm-up
     if cpu_threads and loaded.device.type == "cpu" and not cfg.engine.num_threads:
         torch.set_num_threads(max(1, cpu_threads))
     parts.mark("model")

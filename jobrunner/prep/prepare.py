@@ -87,6 +87,8 @@ class Preparer:
     """Stateful per job: remembers, per input file, whether it carries an id column."""
 
     def __init__(self, cfg: JobConfig, tokenizer: Any) -> None:
+        if tokenizer is not None:  # (the id scans have none) the job's own ids: 78, not each row
+            cfg.check_token_ids(len(tokenizer))
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.renderer = PromptRenderer(cfg.input, tokenizer)
@@ -322,7 +324,8 @@ class Preparer:
         )
 
     def _unknown_tokens(self, s: SamplingParams) -> tuple[str, list[int]] | None:
-        """(the field, its token ids the model does not have), or None."""
+        """(the field, its token ids the model does not have), or None: a row's own (an OpenAI
+        batch line's), as the job's were checked when the preparer was made."""
         if not s.logit_bias and not s.stop_token_ids:
             return None
         vocab = len(self.tokenizer)
