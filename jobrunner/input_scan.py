@@ -12,7 +12,7 @@ and preparer a row at a time, their hashes and digests collected a chunk at a ti
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -236,16 +236,17 @@ def _batch_values(batch: Any) -> Iterator[dict[str, Any]]:
 
 
 def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
-    """Where each id whose hash occurs twice is, by value: {id: [place, ...]} of real repeats."""
+    """Where each id whose hash occurs twice is, by value: {id: [place, ...]} of real repeats,
+    in input order; a place names its file as derived ids do (relative to the input root)."""
     places: dict[str, list[str]] = {}
     root = input_root(cfg.input.path)
     preparer = make_preparer(cfg, tokenizer=None)
     for file in input_files(cfg.input.path):
-        fmt = detect_format(file, cfg.input.format)
+        fmt, name = detect_format(file, cfg.input.format), derived_name(file, root)
         if _vectorized(preparer, fmt) and fmt == "parquet":  # CSV: the reader has the lines
-            found = _fast_places(cfg, file, fmt, derived_name(file, root), suspects)
+            found = _fast_places(cfg, file, fmt, name, suspects)
         else:
-            found = _row_places(preparer, file, fmt, cfg.input.batch_rows, suspects)
+            found = _row_places(preparer, file, fmt, name, cfg.input.batch_rows, suspects)
         for row_id, place in found:
             places.setdefault(row_id, []).append(place)
     return {k: v for k, v in places.items() if len(v) > 1}
@@ -261,17 +262,18 @@ def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray):
             continue
         hits = valid[np.isin(hash_ids(ids.take(valid)), suspects)]
         for k in hits:
-            yield ids[int(k)].as_py(), str(RowRef(file, first + int(k)))
+            yield ids[int(k)].as_py(), str(RowRef(name, first + int(k)))
 
 
-def _row_places(preparer, file: str, fmt: str, batch_rows: int, suspects: np.ndarray):
+def _row_places(preparer, file: str, fmt: str, name: str, batch_rows: int, suspects: np.ndarray):
     from jobrunner.formats import input_format
 
     chunk: list[tuple[str, str]] = []
     for item in input_format(fmt).read(file, batch_rows):
         row_id = preparer.row_id(item) if isinstance(item, RawRow) else None
         if isinstance(row_id, str):
-            chunk += [(rid, str(item.source)) for rid in preparer.result_ids(row_id, item)]
+            place = str(replace(item.source, file=name))
+            chunk += [(rid, place) for rid in preparer.result_ids(row_id, item)]
         if len(chunk) >= CHUNK_ROWS:
             yield from _hits(chunk, suspects)
             chunk = []

@@ -170,7 +170,7 @@ def _later(rundir, cfg, manifest: Manifest, parts, committed: IdSet, total: int)
             if stop.is_set():
                 return
             if found.duplicates:
-                raise InputDataError(describe_duplicates(found.duplicates))
+                raise InputDataError(describe_duplicates(cfg, found.duplicates))
             _check_no_strays(rundir, committed, found)
             if sink is not None:  # before the manifest that names its input
                 sink.commit()
@@ -187,7 +187,7 @@ def _later(rundir, cfg, manifest: Manifest, parts, committed: IdSet, total: int)
 def _check_scan(rundir, manifest, cfg, opts, scan: Scan, changes, have_rows: bool) -> None:
     """Duplicate ids and a changed input are refused; --retry-errors forgets failed rows."""
     if scan.duplicates:
-        raise InputDataError(describe_duplicates(scan.duplicates))
+        raise InputDataError(describe_duplicates(cfg, scan.duplicates))
     if changes:
         old_rows = RowDigests.load(rundir.path / ROWS_FILE, changes.paths) if have_rows else None
         _accept_changes(rundir, changes, old_rows, scan.rows, opts.retry_errors)
@@ -212,14 +212,15 @@ def check_same_job(rundir: RunDir, cfg: JobConfig) -> None:
         _accept_changes(rundir, changes, old_rows, scan.rows, retry_errors=False)
 
 
-def describe_duplicates(duplicates: dict[str, list[str]]) -> str:
+def describe_duplicates(cfg: JobConfig, duplicates: dict[str, list[str]]) -> str:
+    """The scan's duplicate ids, each with every place it occurs (files named relative to the
+    input root, which the first line names)."""
     shown = list(duplicates.items())[:MAX_DUPLICATES_LISTED]
     lines = [f"  id {k!r} at {', '.join(v)}" for k, v in shown]
     more = len(duplicates) - len(shown)
     tail = [f"  ... and {more} more"] if more > 0 else []
-    return "\n".join(
-        [f"{len(duplicates)} duplicate ids in the input (ids must be unique):", *lines, *tail]
-    )
+    head = f"{len(duplicates)} duplicate ids in the input at {input_root(cfg.input.path)}"
+    return "\n".join([f"{head} (ids must be unique):", *lines, *tail])
 
 
 def _check_settings(rundir: RunDir, manifest: Manifest, parts: dict) -> None:

@@ -24,7 +24,7 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
     output = check_output(cfg)
     total, duplicates = scan_ids(cfg)
     if duplicates:
-        raise InputDataError(describe_duplicates(duplicates))
+        raise InputDataError(describe_duplicates(cfg, duplicates))
     preparer = make_preparer(cfg, load_tokenizer(cfg.model))
     codes: Counter[str] = Counter()
     valid = prompt_tokens = max_prompt_tokens = 0  # running totals: nothing kept per row

@@ -179,7 +179,7 @@ def test_odd_but_valid_files(tmp_path, data, rows):
 def test_duplicate_ids_are_placed_on_their_lines(tmp_path):
     f = tmp_path / "in.csv"
     f.write_bytes(b'id,prompt\n1,"two\nlines"\n2,x\n\n1,z\n')
-    assert scan_ids(_cfg(f)) == (3, {"1": [f"{f}:line 2", f"{f}:line 6"]})
+    assert scan_ids(_cfg(f)) == (3, {"1": ["in.csv:line 2", "in.csv:line 6"]})
 
 
 # ------------------------------------------------- the two readers agree on any file

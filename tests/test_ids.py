@@ -7,10 +7,11 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobrunner.config import JobConfig
 from jobrunner.io.ids import IdSet, batch_ids, committed
-from jobrunner.resume import scan_ids
+from jobrunner.resume import describe_duplicates, scan_ids
 
 
 def test_idset_membership_by_batch():
@@ -35,6 +36,15 @@ def test_batch_ids_follow_the_row_id_rules():
     ]
 
 
+def write_rows(path, rows: list[dict]) -> None:
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        path.write_text("id,prompt\n" + "".join(f"{r['id']},{r['prompt']}\n" for r in rows))
+
+
 def _cfg(path) -> JobConfig:
     return JobConfig.model_validate({"input": {"path": str(path)}})
 
@@ -45,9 +55,28 @@ def test_scan_finds_duplicates_in_parquet_with_places(tmp_path):
     total, dups = scan_ids(_cfg(tmp_path / "a.parquet"))
     assert total == 1003
     assert dups == {
-        "r5": [f"{tmp_path}/a.parquet:row 5", f"{tmp_path}/a.parquet:row 1000"],
-        "r999": [f"{tmp_path}/a.parquet:row 999", f"{tmp_path}/a.parquet:row 1001"],
+        "r5": ["a.parquet:row 5", "a.parquet:row 1000"],
+        "r999": ["a.parquet:row 999", "a.parquet:row 1001"],
     }
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_an_id_repeated_in_another_file_names_both_files_from_the_input_root(tmp_path, fmt):
+    root = tmp_path / "in"
+    for folder, ids in (("2024", ["a", "b"]), ("2025", ["c", "a"])):
+        (root / folder).mkdir(parents=True)
+        write_rows(root / folder / f"part.{fmt}", [{"id": i, "prompt": "p"} for i in ids])
+    cfg = _cfg(root)
+    total, dups = scan_ids(cfg)
+    first, again = {"parquet": ("row 0", "row 1"), "jsonl": ("line 1", "line 2")}.get(
+        fmt,
+        ("line 2", "line 3"),  # CSV: under its header
+    )
+    assert (total, dups) == (4, {"a": [f"2024/part.{fmt}:{first}", f"2025/part.{fmt}:{again}"]})
+    assert describe_duplicates(cfg, dups) == (
+        f"1 duplicate ids in the input at {root} (ids must be unique):\n"
+        f"  id 'a' at 2024/part.{fmt}:{first}, 2025/part.{fmt}:{again}"
+    )
 
 
 def test_dictionary_encoded_ids_are_their_values(tmp_path):

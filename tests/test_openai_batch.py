@@ -149,7 +149,38 @@ def test_duplicate_custom_ids_are_line_errors_not_a_job_failure(tmp_path):
         "x",
         3,
     )
+    assert ids[2].message.endswith(
+        "custom_id 'x' is used by an earlier line, b.jsonl:line 1 (custom_ids must be unique)"
+    )
     assert (ids[3].code, ids[3].id, ids[3].custom_id) == ("missing_custom_id", "b.jsonl:3", None)
+
+
+def test_a_repeated_custom_id_names_the_earlier_file_and_line(tmp_path):
+    """Across the files of a directory, the repeat names where the id was first used: the
+    file as derived ids name it (relative to the input root) and its line."""
+    for d in ("in/2024", "in/2025", "emb"):
+        (tmp_path / d).mkdir(parents=True)
+    write_lines(tmp_path / "in/2024/a.jsonl", [line("x", CHAT, chat("a"))])
+    write_lines(
+        tmp_path / "in/2025/a.jsonl", ["", line("y", CHAT, chat("b")), line("x", CHAT, chat("c"))]
+    )
+    embed = "/v1/embeddings"
+    write_lines(tmp_path / "emb/1.jsonl", [line("e#1", embed, {"input": "r"})])
+    write_lines(tmp_path / "emb/2.jsonl", [line("e", embed, {"input": ["p", "q"]})])  # e#0, e#1
+    for folder, task, want in (
+        ("in", "generate", "custom_id 'x' is used by an earlier line, 2024/a.jsonl:line 1 ("),
+        (
+            "emb",
+            "embed",
+            "'e#1', the id of one of this line's inputs, is used by an earlier line,"
+            " 1.jsonl:line 1; rename",
+        ),
+    ):
+        inp = {"path": str(tmp_path / folder), "format": "openai-batch"}
+        prep = make_preparer(JobConfig.model_validate({"input": inp, "task": task}), None)
+        *_, repeat = [prep.row_id(r) for r in read_rows(inp["path"], "openai-batch")]
+        assert repeat.code == "duplicate_custom_id"
+        assert want in repeat.message, repeat.message
 
 
 def test_error_lines_have_the_batch_api_shape_and_jobrunner_fields():

@@ -78,8 +78,10 @@ def test_the_summary_holds_the_whole_message(tmp_path):
     code, summary = cli("run", str(job_file(tmp_path, recs)))
     assert code == 65
     lines = summary["error"].splitlines()
-    assert lines[0] == "3 duplicate ids in the input (ids must be unique):"
-    assert len(lines) == 4 and all("in.jsonl:line" in x for x in lines[1:])
+    assert lines[0] == f"3 duplicate ids in the input at {tmp_path} (ids must be unique):"
+    assert lines[1:] == [
+        f"  id 'r{i}' at in.jsonl:line {i + 1}, in.jsonl:line {i + 4}" for i in range(3)
+    ]
 
 
 def test_an_internal_error_is_summarised_by_type_and_message(monkeypatch, tmp_path):

@@ -17,7 +17,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from jobrunner.formats.openai_batch.prepare import OpenAIPreparer, duplicate_line
+from jobrunner.formats.openai_batch.custom_ids import duplicate_line
+from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
 from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens, special_span
 from jobrunner.prep.render import RenderError
@@ -58,11 +59,11 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
         ids = self.result_ids(cid, raw)[1:]
         if taken := [i for i in ids if i in self._seen]:
             why = (
-                f"{taken[0]!r}, the id of one of this line's inputs, is used by an earlier line;"
-                " rename one of the two custom_ids"
+                f"{taken[0]!r}, the id of one of this line's inputs, is used by an earlier line,"
+                f" {self._seen.where(taken[0])}; rename one of the two custom_ids"
             )
             return duplicate_line(raw, cid, why)
-        self._seen.update(ids)
+        self._remember(ids, raw)
         return cid
 
     def result_ids(self, row_id: str, raw) -> list[str]:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jobrunner.formats.openai_batch.custom_ids import FirstLines, duplicate_line
 from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
-from jobrunner.prep.prepare import Preparer, derived_id
+from jobrunner.prep.prepare import Preparer, derived_id, derived_name
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.structured.spec import OutputSpec, SpecError, response_format_spec, tool_spec
 from jobrunner.types import Request, RowError, SamplingParams, kind_of
@@ -78,24 +79,12 @@ class Line:
     token_ids: list[int] | None = None  # a completions prompt given as token ids
 
 
-def duplicate_line(raw, cid: str, why: str) -> BatchLineError:
-    """A line whose id another line already uses: its error, under the line's derived id."""
-    return BatchLineError(
-        "duplicate_custom_id",
-        f"{raw.source}: {why}",
-        raw.source,
-        derived_id(raw.source),
-        "custom_id",
-        custom_id=cid,
-    )
-
-
 class OpenAIPreparer(Preparer):
     """`input.format: openai-batch`. Stateful: the first line with a custom_id owns it."""
 
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)
-        self._seen: set[str] = set()
+        self._seen = FirstLines()
         self._warned: set[str] = set()
 
     def row_id(self, raw) -> str | RowError:
@@ -111,10 +100,17 @@ class OpenAIPreparer(Preparer):
                 "custom_id",
             )
         if cid in self._seen:
-            why = f"custom_id {cid!r} is used by an earlier line (custom_ids must be unique)"
+            why = (
+                f"custom_id {cid!r} is used by an earlier line, {self._seen.where(cid)}"
+                " (custom_ids must be unique)"
+            )
             return duplicate_line(raw, cid, why)
-        self._seen.add(cid)
+        self._remember([cid], raw)
         return cid
+
+    def _remember(self, ids: list[str], raw) -> None:
+        """`ids` are used, first by `raw`'s line."""
+        self._seen.add(ids, derived_name(raw.source.file, self._root), raw.source.line or 0)
 
     def prepare_batch(self, items: list) -> list[Request | RowError]:
         out: list[Any] = [self._parse(i) for i in items]
