@@ -260,19 +260,15 @@ def report(
         typer.Argument(metavar="RUN_DIR", help="the run directory (output.path, or a store URL)"),
     ],
 ) -> None:
-    """Rebuild every report from a run directory, without a model or a GPU."""
+    """Rebuild every report from a run directory, without a model or a GPU (not while a run
+    is in progress there: exit 75)."""
     _setup_logging(False)
     try:
         from jobrunner.io.store_rundir import open_rundir
-        from jobrunner.telemetry.report import write_reports
+        from jobrunner.lifecycle import rebuild_reports
 
         rundir = open_rundir(run_dir)
-        if rundir.load_manifest() is None:
-            raise errors.RunDirError(
-                f"{run_dir} is not a jobrunner run directory (no {run_dir}/manifest.json):"
-                " give the output.path of a job that has run"
-            )
-        rep = write_reports(rundir)
+        rep = rebuild_reports(rundir)
     except Exception as e:
         _fail(e)
         return

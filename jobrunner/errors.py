@@ -46,6 +46,12 @@ class RunLocked(JobError):
     exit_code = EXIT_CONFIG
 
 
+class RunInProgress(JobError):
+    """`jobrunner report` on a run directory another process is running: try again later."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
 class RunDirError(ConfigError):
     """The run directory cannot be used as it is (not a run's, damaged); says what to do."""
 

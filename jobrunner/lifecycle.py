@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobrunner.config import JobConfig
-from jobrunner.errors import InputDataError, Interrupted
+from jobrunner.errors import InputDataError, Interrupted, RunDirError
 from jobrunner.formats import output_format
 from jobrunner.input_check import InputCheck
 from jobrunner.io.committer import Write, into_rundir
 from jobrunner.io.ids import IdSet
+from jobrunner.io.run_lock import report_lock
 from jobrunner.io.rundir import Manifest, RunDir
 from jobrunner.io.store_rundir import open_rundir
 from jobrunner.resume import check_same_job, open_run, start_run
@@ -45,6 +46,7 @@ __all__ = [
     "finish_run",
     "open_run",
     "output_state",
+    "rebuild_reports",
     "run_dir",
     "stop_before_rows",
 ]
@@ -155,6 +157,21 @@ def answer_finished(rundir: RunDir, cfg: JobConfig, opts: RunOptions) -> JobSumm
         rundir.unmark_success()
         return None
     return _close(cfg, rundir, None)
+
+
+def rebuild_reports(rundir: RunDir) -> Report:
+    """`jobrunner report`: every report rebuilt from what the run directory has committed,
+    between runs only: while a run holds it, RunInProgress (75), and nothing is written."""
+    manifest = rundir.load_manifest()
+    if manifest is None:
+        raise RunDirError(
+            f"{rundir.location} is not a jobrunner run directory (no {rundir.location}/manifest.json):"
+            " give the output.path of a job that has run"
+        )
+    rows = sum(manifest.counts.get(k, 0) for k in ("succeeded", "failed"))
+    so_far = f"{rows:,} row{'' if rows == 1 else 's'} committed so far"
+    with report_lock(rundir.path, rundir.location, so_far):
+        return write_reports(rundir)
 
 
 def stop_before_rows():

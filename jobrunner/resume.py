@@ -1,18 +1,15 @@
 """Opening a run directory: lock it, check it holds this job, and find what is left to do.
 
 Runs before any model is loaded: duplicate ids and a changed job are refused here.
-The lock is an flock on `<run dir>/.lock`: the kernel drops it when its process dies (even by
-kill -9), so a crashed run never blocks the next one.
+The lock is io/run_lock.py's: an flock the kernel drops when its process dies (even by kill -9),
+so a crashed run never blocks the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import numpy as np
 
 from jobrunner import run_schema
 from jobrunner.config import JobConfig, fingerprint
-from jobrunner.errors import InputDataError, ResumeMismatch, RunLocked
+from jobrunner.errors import InputDataError, ResumeMismatch
 from jobrunner.formats import input_files, shard_format
 from jobrunner.input_check import InputCheck
 from jobrunner.input_scan import (  # noqa: F401  (scan_ids: callers)
@@ -43,6 +40,7 @@ from jobrunner.io.identity import (
     legacy_changes,
 )
 from jobrunner.io.ids import IdSet, hash_ids
+from jobrunner.io.run_lock import run_lock
 from jobrunner.io.rundir import Manifest, RunDir, make_run_dir
 
 MAX_DUPLICATES_LISTED = 10
@@ -91,7 +89,7 @@ def start_run(
     runs in the yielded InputCheck, which the run waits for before its first commit."""
     rundir.check_ours()  # before any folder or lock file: a directory not ours gets nothing
     make_run_dir(rundir.path)  # a store run directory's local staging directory
-    with _lock(rundir):
+    with run_lock(rundir.path):
         rundir.check_ours()
         if opts.restart:
             rundir.clear()
@@ -362,26 +360,3 @@ def _diff(key: str, old, new) -> list[str]:
     if old is None:
         return [key]
     return [f"{key}: {old!r} -> {new!r}"]
-
-
-@contextlib.contextmanager
-def _lock(rundir: RunDir) -> Iterator[None]:
-    path = rundir.path / ".lock"
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise RunLocked(
-                f"{rundir.path} is being run by {holder} (lock {path}); wait for it to finish or"
-                " stop it: a stopped or killed run releases the lock, and a rerun continues"
-            ) from e
-        f.seek(0)
-        f.truncate()
-        f.write(f"jobrunner pid {os.getpid()} on {socket.gethostname()}")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

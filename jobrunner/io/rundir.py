@@ -74,7 +74,7 @@ OWN_FOLDER_FILES: dict[str, Callable[[str], bool]] = {
     "ray-errors": lambda name: name.endswith(".jsonl"),  # executors/ray_blocks.py fragments
 }
 # Present in a directory before its first manifest: a run that stopped before writing one.
-BEFORE_MANIFEST = {".lock", "results", "input_rows.parquet", "estimate.json"}
+BEFORE_MANIFEST = {".lock", ".report.lock", "results", "input_rows.parquet", "estimate.json"}
 SHARD_NAME = re.compile(r"part-[A-Za-z0-9-]+(\.[a-z0-9]+)")  # and a shard format's suffix
 
 

@@ -361,7 +361,7 @@ class StoreRunDir:
         import shutil
 
         for p in self.path.iterdir():
-            if p.name in (".lock", "estimate.json"):  # the lock, and `jobrunner estimate`'s
+            if p.name in (".lock", ".report.lock", "estimate.json"):  # locks; `estimate`'s
                 continue
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
