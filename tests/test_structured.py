@@ -110,6 +110,38 @@ def test_a_bad_job_key_is_a_config_error_naming_the_line(tmp_path):
         load_job(job)
 
 
+@pytest.mark.parametrize(
+    "generation, where",
+    [
+        (
+            "response_format: {type: json_schema, json_schema: {name: p, schema: {type: object,"
+            ' properties: {x: {type: string, pattern: "(?<=a)b"}}}}}',
+            "generation.response_format.json_schema.schema",
+        ),
+        ("regex: '[0-9'", "generation.regex"),
+    ],
+)
+def test_a_job_spec_that_does_not_compile_exits_78_before_any_row(tmp_path, generation, where):
+    from typer.testing import CliRunner
+
+    from jobrunner.cli import app
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"id": "a", "text": "hi"}\n')
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"input: {{path: {data}, prompt: {{column: text}}}}\n"
+        f"output: {{path: {tmp_path / 'out'}}}\n"
+        f"generation: {{{generation}}}\n"
+    )
+    for command in ("validate", "run"):
+        result = CliRunner().invoke(app, [command, str(job)])
+        assert result.exit_code == 78, result.output
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["error"].startswith(f"{job}: {where} does not compile: ")
+    assert not (tmp_path / "out").exists()  # refused before the run directory or the model
+
+
 # ------------------------------------------------------------------ grammars (real tokenizer)
 
 

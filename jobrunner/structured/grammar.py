@@ -91,18 +91,9 @@ class Grammars:
     @staticmethod
     def _compile(c: xgr.GrammarCompiler, spec: OutputSpec) -> xgr.CompiledGrammar | GrammarError:
         try:
-            if spec.kind == "json_schema":
-                return c.compile_json_schema(
-                    spec.source, any_whitespace=False, separators=SEPARATORS, strict_mode=True
-                )
-            if spec.kind == "json_object":
-                return c.compile_json_schema(
-                    '{"type": "object"}', any_whitespace=False, separators=SEPARATORS
-                )
-            if spec.kind == "regex":
-                return c.compile_regex(spec.source)
-            labels = json.loads(spec.source)
-            return c.compile_grammar("root ::= " + " | ".join(_ebnf_string(x) for x in labels))
+            return c.compile_grammar(grammar_of(spec))
+        except GrammarError as e:
+            return e
         except (RuntimeError, ValueError) as e:  # xgrammar reports bad input as either
             return GrammarError(f"{spec.where} does not compile: {_first_line(e)}", spec.where)
 
@@ -115,6 +106,26 @@ class Grammars:
             self._compiler = xgr.GrammarCompiler(info, max_threads=2)
             self.tokenizer_seconds = time.perf_counter() - t
         return self._compiler
+
+
+def grammar_of(spec: OutputSpec) -> xgr.Grammar:
+    """The spec as an xgrammar grammar, before any tokenizer: what `Grammars` compiles, and
+    what a job's own spec is checked by before the model loads. Raises GrammarError."""
+    try:
+        if spec.kind == "json_schema":
+            return xgr.Grammar.from_json_schema(
+                spec.source, any_whitespace=False, separators=SEPARATORS, strict_mode=True
+            )
+        if spec.kind == "json_object":
+            return xgr.Grammar.from_json_schema(
+                '{"type": "object"}', any_whitespace=False, separators=SEPARATORS
+            )
+        if spec.kind == "regex":
+            return xgr.Grammar.from_regex(spec.source)
+        labels = json.loads(spec.source)
+        return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_ebnf_string(x) for x in labels))
+    except (RuntimeError, ValueError) as e:  # xgrammar reports bad input as either
+        raise GrammarError(f"{spec.where} does not compile: {_first_line(e)}", spec.where) from e
 
 
 class GrammarProcessor(LogitsProcessor):
