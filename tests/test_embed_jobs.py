@@ -110,6 +110,24 @@ def test_bad_lines_fail_alone_like_the_api(tmp_path):
     }
 
 
+def test_a_line_asking_more_dimensions_than_the_model_has_is_one_error_line(tmp_path):
+    """A line of several inputs fails once, under its own custom_id, as the API fails the
+    request: not one error per input under ids the user never wrote."""
+    lines = [
+        line("ok", {"input": "x"}),
+        line("wide", {"input": ["a", "b", "c"], "dimensions": 5000}),  # the model's: 384
+    ]
+    run_job(batch_job(tmp_path, lines, task="embed"))
+    out = tmp_path / "out"
+    rows = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(r["custom_id"], r["error"]["code"], r["error"]["param"]) for r in rows] == [
+        ("wide", "bad_body", "body.dimensions")
+    ]
+    assert "body.dimensions is 5000; the model's vectors have 384" in rows[0]["message"]
+    batch = json.loads((out / "batch.json").read_text())
+    assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+
+
 def test_a_job_asking_more_dimensions_than_the_model_has_stops_before_any_row(tmp_path):
     lines = [line("a", {"input": "x"})]
     cfg = batch_job(tmp_path, lines, task="embed", embedding={"dimensions": 5000})

@@ -2,7 +2,8 @@
 
 `modules.json` names a Pooling module whose `config.json` sets the mode; without those files
 `model.pooling` does (auto: last token for a decoder, mean for an encoder).
-`sentence_bert_config.json`'s max_seq_length bounds an input's tokens.
+`sentence_bert_config.json`'s max_seq_length bounds an input's tokens; `config.json`'s
+hidden_size is each vector's width (a line's `dimensions` is checked against it in prep).
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def st_max_seq_length(weights_dir: str) -> int | None:
         return None
     n = conf.get("max_seq_length")
     return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def vector_width(weights_dir: str) -> int | None:
+    """config.json's hidden_size: the values of each pooled vector (the engine's width), or
+    None when the directory does not say."""
+    try:
+        conf = json.loads((Path(weights_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = conf.get("hidden_size") if isinstance(conf, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def pooling_mode(configured: str, weights_dir: str, decoder: bool) -> str:

@@ -5,8 +5,9 @@ lists. A string or one token-id list is one row keyed by the line's custom_id; a
 is one row per input, keyed `<custom_id>#<index>`, with the columns custom_id, input_index and
 input_count. output.jsonl puts a line's rows back together, data in index order, as one
 CreateEmbeddingResponse (`EmbeddingLines`). A line is checked as a whole, as the API does: an
-empty input, one too long (under input.on_too_long: error), more than 2,048 inputs or a token
-id outside the vocabulary fails the whole line, with one error. A line whose row failed while
+empty input, one too long (under input.on_too_long: error), more than 2,048 inputs, a token
+id outside the vocabulary or `dimensions` wider than the model's vectors fails the whole line,
+with one error. A line whose row failed while
 running (out of memory) has that row's error in errors.jsonl and no output line. No torch here.
 """
 
@@ -17,6 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from jobrunner.engine.embed.st_files import vector_width
 from jobrunner.formats.openai_batch.custom_ids import duplicate_line
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
 from jobrunner.formats.openai_batch.read import BatchLineError
@@ -48,6 +50,8 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
         super().__init__(cfg, tokenizer)
         self.limit = max_input_tokens(cfg, tokenizer)
         self.span = special_span(tokenizer)  # texts get the tokenizer's special tokens
+        where = getattr(tokenizer, "name_or_path", "") or ""
+        self.width = vector_width(where) if where else None  # None: the engine checks it
 
     def row_id(self, raw) -> str | RowError:
         """The custom_id, as OpenAIPreparer checks it; a line whose inputs' ids
@@ -92,10 +96,10 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
         return out
 
     def _line_requests(self, cid: str, raw, line: EmbedLine) -> list[Request | RowError]:
-        code, why = self._check(line)
+        code, field, why = self._check(line)
         if code:
             msg = f"{raw.source}: {why}"
-            return [BatchLineError(code, msg, raw.source, cid, "body.input", custom_id=cid)]
+            return [BatchLineError(code, msg, raw.source, cid, field, custom_id=cid)]
         reqs = []
         for i, ids in enumerate(line.inputs):
             row_id = cid if line.single else f"{cid}#{i}"
@@ -112,19 +116,25 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
             reqs.append(req)
         return reqs
 
-    def _check(self, line: EmbedLine) -> tuple[str | None, str]:
-        """(error code, message) of the line's first bad input, or (None, "")."""
+    def _check(self, line: EmbedLine) -> tuple[str | None, str, str]:
+        """(error code, field, message) of the line's first problem, or (None, "", ""): a
+        `dimensions` wider than the model's vectors fails the line here, once, as the API
+        fails a request, not each of its inputs' rows in the engine."""
+        if line.dimensions and self.width and line.dimensions > self.width:
+            why = f"body.dimensions is {line.dimensions}; the model's vectors have {self.width}"
+            return "bad_body", "body.dimensions", why
         vocab = len(self.tokenizer)
         for i, ids in enumerate(line.inputs):
             where = "body.input" if line.single else f"body.input[{i}]"
             if any(t >= vocab for t in ids):
-                return "bad_body", f"{where} holds token ids outside the vocabulary (size {vocab})"
+                why = f"{where} holds token ids outside the vocabulary (size {vocab})"
+                return "bad_body", "body.input", why
             span = self.span if line.texts else (0, 0)  # token ids are embedded as given
             fitted = fit_tokens(ids, self.limit, self.cfg.input.on_too_long, span)
             if isinstance(fitted, str):
-                return "too_long", f"{where}: {fitted}"
+                return "too_long", "body.input", f"{where}: {fitted}"
             line.inputs[i] = fitted
-        return None, ""
+        return None, "", ""
 
 
 def parse_embed_line(values: dict[str, Any]) -> EmbedLine:
