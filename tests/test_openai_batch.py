@@ -183,6 +183,24 @@ def test_a_repeated_custom_id_names_the_earlier_file_and_line(tmp_path):
         assert want in repeat.message, repeat.message
 
 
+def test_a_line_refused_for_a_lone_surrogate_keeps_its_custom_id(tmp_path):
+    """The JSON parses, so the user's custom_id names the error line (the row id stays the
+    line's derived id); a custom_id that is itself not text cannot, and is not used."""
+    body = '{"messages": [{"role": "user", "content": "bad \\ud800 x"}]}'
+    data = write_lines(
+        tmp_path / "b.jsonl",
+        [
+            f'{{"custom_id": "surr", "method": "POST", "url": "{CHAT}", "body": {body}}}',
+            f'{{"custom_id": "\\udc00", "method": "POST", "url": "{CHAT}", "body": {body}}}',
+        ],
+    )
+    recs = [error_record(e) for e in read_rows(str(data), "openai-batch")]
+    assert [(r["id"], r["custom_id"], r["error"]["code"]) for r in recs] == [
+        ("b.jsonl:0", "surr", "invalid_unicode"),
+        ("b.jsonl:1", "b.jsonl:1", "invalid_unicode"),
+    ]
+
+
 def test_error_lines_have_the_batch_api_shape_and_jobrunner_fields():
     e = BatchLineError(
         "duplicate_custom_id",

@@ -42,13 +42,33 @@ def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
 
 
 def parse_batch_line(raw: bytes, ref: RowRef) -> Item:
-    """A JSONL line; an unparseable one gets its derived id so a rerun does not redo it."""
+    """A JSONL line; an unreadable one gets its derived id so a rerun does not redo it, and
+    keeps its custom_id where the JSON holds one (a lone surrogate in its body), so its error
+    line joins on it."""
     item = parse_json_line(raw, ref)
     if isinstance(item, RowError):
         return BatchLineError(
-            item.code, item.message, item.source, derived_id(item.source), item.field
+            item.code,
+            item.message,
+            item.source,
+            derived_id(item.source),
+            item.field,
+            custom_id=readable_custom_id(raw),
         )
     return item
+
+
+def readable_custom_id(raw: bytes) -> str | None:
+    """The custom_id of a refused line whose JSON parses, when it is a non-empty string that
+    is text itself; else None (the error line is then named by the line's derived id)."""
+    try:
+        values = json.loads(raw)
+        cid = values.get("custom_id") if isinstance(values, dict) else None
+        if isinstance(cid, str) and cid.strip() and cid.encode("utf-8"):
+            return cid
+    except (ValueError, RecursionError):  # not JSON, nested past the limit, a lone surrogate
+        pass
+    return None
 
 
 def claims(file: str, kind: str) -> bool:
