@@ -14,7 +14,7 @@ from jobrunner.cli import app
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.static import sampling_groups
 from jobrunner.formats import make_preparer, read_rows
-from jobrunner.formats.openai_batch.output import error_record
+from jobrunner.formats.openai_batch.output import error_record, output_line
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer, parse_line
 from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.render import RenderError
@@ -230,6 +230,25 @@ def test_error_lines_have_the_batch_api_shape_and_jobrunner_fields():
         RowError("oom", "out of memory", RowRef("b.jsonl", 0, line=1), "y")
     )
     assert engine_failure["custom_id"] == "y"
+
+
+def test_output_usage_has_the_token_details_openai_bodies_have():
+    """Code written for OpenAI's output reads `usage.completion_tokens_details.reasoning_tokens`
+    (and the prompt's `audio_tokens`): present, and zero, on both endpoints' bodies."""
+    rec = {"id": "a", "completion": "hi", "finish_reason": "stop", "model": "m"}
+    rec |= {"prompt_tokens": 7, "completion_tokens": 2, "cached_tokens": 4}
+    for url, kind in ((CHAT, ChatCompletion), (COMPL, Completion)):
+        body = output_line({**rec, "url": url}, "salt", 0)["response"]["body"]
+        usage = kind.model_validate(body).usage
+        assert (usage.total_tokens, usage.prompt_tokens_details.cached_tokens) == (9, 4)
+        details = body["usage"]["completion_tokens_details"]
+        assert details == {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        }
+        assert body["usage"]["prompt_tokens_details"]["audio_tokens"] == 0
 
 
 def test_static_engine_batches_only_lines_generate_can_share():

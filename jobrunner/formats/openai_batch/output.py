@@ -79,13 +79,24 @@ def _hash(*parts: str) -> str:
     return hashlib.blake2b("\x00".join(parts).encode(), digest_size=12).hexdigest()
 
 
+# What OpenAI's bodies count that a local model never spends: present, as zeros, for code that
+# reads them (a reasoning-token cost split, say).
+NO_COMPLETION_DETAILS = {
+    "reasoning_tokens": 0,
+    "audio_tokens": 0,
+    "accepted_prediction_tokens": 0,
+    "rejected_prediction_tokens": 0,
+}
+
+
 def _usage(rec: dict[str, Any]) -> dict[str, Any]:
     p, c = rec["prompt_tokens"], rec["completion_tokens"]
     return {
         "prompt_tokens": p,
         "completion_tokens": c,
         "total_tokens": p + c,
-        "prompt_tokens_details": {"cached_tokens": rec["cached_tokens"]},
+        "prompt_tokens_details": {"cached_tokens": rec["cached_tokens"], "audio_tokens": 0},
+        "completion_tokens_details": dict(NO_COMPLETION_DETAILS),
     }
 
 
