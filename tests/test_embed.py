@@ -19,6 +19,7 @@ from jobrunner.engine.embed.pooling import pool
 from jobrunner.engine.embed.st_files import pooling_mode, st_max_seq_length, st_pooling
 from jobrunner.engine.engines import make_engine
 from jobrunner.engine.loader import load_model
+from jobrunner.errors import ConfigError
 from jobrunner.prep.embed import EMBED_SAMPLING
 from jobrunner.types import Request
 from tests.conftest import SAMPLES
@@ -99,6 +100,64 @@ def test_minilm_equals_sentence_transformers_encode(minilm):
     assert cosine_distance(ours, ref).max().item() < MAX_COSINE_DISTANCE
 
 
+def st_with_dense(minilm, folder, layers) -> str:
+    """all-MiniLM with Dense modules appended by sentence-transformers itself (saved as it saves
+    them): LaBSE's and distiluse's kind of head. `layers`: (out_features, activation) each."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.normalize import Normalize
+
+    torch.manual_seed(0)
+    st = SentenceTransformer(minilm.weights_dir, device="cpu")
+    width = 384
+    for out, act in layers:
+        st.append(Dense(width, out, activation_function=act) if out else Normalize())
+        width = out or width
+    st.save(str(folder))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [
+        [(96, torch.nn.Tanh())],  # after the model's Normalize (modules: Pooling, Normalize, Dense)
+        [(200, torch.nn.GELU()), (0, None), (64, torch.nn.Identity()), (0, None)],
+    ],
+)
+def test_a_sentence_transformers_head_of_dense_layers_equals_encode(minilm, tmp_path, layers):
+    """A model whose modules.json ends in Dense layers (and Normalize between them): our vectors
+    are sentence-transformers' encode, of the last Dense's width, not the pooled hidden state."""
+    from sentence_transformers import SentenceTransformer
+
+    from jobrunner.engine.embed.st_files import vector_width
+
+    where = st_with_dense(minilm, tmp_path / "st", layers)
+    loaded = load_model(ModelConfig(source=where, dtype="float32"))
+    engine = make_engine(loaded, embed_cfg(model={"source": where}))
+    texts = mixed_texts(24, seed=3)
+    ours = embed_all(engine, loaded.tokenizer, texts)
+    width = [out for out, _ in layers if out][-1]
+    assert ours.shape == (24, width) and engine.width == vector_width(where) == width
+    ref = SentenceTransformer(where, device="cpu").encode(texts, convert_to_tensor=True)
+    assert cosine_distance(ours, ref).max().item() < MAX_COSINE_DISTANCE
+
+
+def test_a_sentence_transformers_module_jobrunner_does_not_run_is_refused(minilm, tmp_path):
+    import json
+    import shutil
+
+    where = tmp_path / "st"
+    shutil.copytree(minilm.weights_dir, where)
+    modules = json.loads((where / "modules.json").read_text())
+    modules.append(
+        {"idx": 9, "name": "9", "path": "9_LSTM", "type": "sentence_transformers.models.LSTM"}
+    )
+    (where / "modules.json").write_text(json.dumps(modules))
+    loaded = load_model(ModelConfig(source=str(where), dtype="float32"))
+    with pytest.raises(ConfigError, match="module 'sentence_transformers.models.LSTM' .* not run"):
+        make_engine(loaded, embed_cfg(model={"source": str(where)}))
+
+
 def test_decoder_last_token_equals_hf_through_the_paged_prefill():
     """SmolLM2 (a decoder): the paged model's prefill, last-token pooling, against HF's
     LlamaModel on each text alone."""
@@ -133,6 +192,12 @@ def test_pooling_is_read_from_the_sentence_transformers_files(minilm, tmp_path):
     (tmp_path / "1_P").mkdir()
     (tmp_path / "1_P" / "config.json").write_text('{"pooling_mode_cls_token": true}')
     assert st_pooling(str(tmp_path)) == "cls"
+    # sentence-transformers 5+ saves one pooling_mode instead of a flag per mode
+    (tmp_path / "1_P" / "config.json").write_text('{"pooling_mode": "lasttoken"}')
+    assert st_pooling(str(tmp_path)) == "last"
+    (tmp_path / "1_P" / "config.json").write_text('{"pooling_mode": ["max"]}')
+    with pytest.raises(ConfigError, match="pools with max"):
+        st_pooling(str(tmp_path))
 
 
 def test_pool_modes_on_packed_states():

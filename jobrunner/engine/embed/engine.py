@@ -3,7 +3,7 @@
 Requests are read in windows of `engine.order_window`, sorted by length and packed into
 batches under `engine.max_batch_tokens` (at most `engine.max_num_seqs` sequences), so a batch
 holds sequences of close lengths and packed backends compute no padding at all. Each vector is
-pooled as the model says (pooling.py), truncated to the row's `dimensions` and L2-normalized
+pooled as the model says (pooling.py), through its Dense layers if it has them (head.py), truncated to the row's `dimensions` and L2-normalized
 (`embedding.normalize`). A batch that runs out of memory is split in two and retried; a single
 row that still does not fit fails alone. On a CPU, encoder batches run on single-threaded
 workers, several at once (workers.py); results come back in batch order either way.
@@ -20,6 +20,7 @@ from itertools import islice
 import torch
 
 from jobrunner.engine.base import Engine
+from jobrunner.engine.embed.head import Head
 from jobrunner.engine.embed.st_files import pooling_mode
 from jobrunner.engine.embed.workers import SharedClock, in_workers
 from jobrunner.errors import ConfigError
@@ -76,7 +77,9 @@ class EmbedEngine(Engine):
         self.pooling = pooling_mode(cfg.model.pooling, loaded.weights_dir, self.decoder)
         self.backend = make_backend(loaded, cfg, self.decoder)
         self.workers = cpu_workers(cfg, loaded.device, self.backend)
-        self.width = int(loaded.hf_config.hidden_size)  # each pooled vector's values
+        hidden = int(loaded.hf_config.hidden_size)  # each pooled vector's values
+        self.head = Head(loaded.weights_dir, hidden, cfg.model.allow_pickle)
+        self.width = self.head.width  # each vector's values, after the model's Dense layers
         if (cfg.embedding.dimensions or 0) > self.width:
             raise ConfigError(
                 f"embedding.dimensions is {cfg.embedding.dimensions}, but the model's vectors"
@@ -113,7 +116,8 @@ class EmbedEngine(Engine):
         with N workers their durations add up to N times the wall clock."""
         token = self._clock.start()
         try:
-            vectors = self.backend.embed([r.prompt_token_ids for r in batch], self.pooling).cpu()
+            pooled = self.backend.embed([r.prompt_token_ids for r in batch], self.pooling)
+            vectors = self.head(pooled.cpu())
         except Exception as exc:
             self._clock.stop(token)
             if not is_oom(exc):
