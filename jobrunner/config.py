@@ -385,6 +385,12 @@ def load_job(
         data["executor"] = executor
         args[("executor",)] = f"--executor {executor}"
     base = Path.cwd() if ("input", "path") in args else path.absolute().parent
+    for key in INTERNAL_KEYS:  # fields load_job sets, never a job file's keys
+        if key in data:
+            where = f"{path}:{lines[(key,)]}" if (key,) in lines else str(path)
+            raise ConfigError(
+                f"{where} {key}: unknown key (every key: docs/DESIGN.md, section 4 'The job file')"
+            )
     if "task" not in data and _embeddings_batch(data.get("input"), base):
         data["task"] = "embed"  # /v1/embeddings lines imply an embed job
     try:
@@ -397,6 +403,7 @@ def load_job(
 
 
 PATH_KEYS = ("input.path", "output.path", "model.source")
+INTERNAL_KEYS = ("source_file", "paths_base")  # JobConfig fields load_job fills in
 
 
 def _resolve_paths(cfg: JobConfig, job_dir: Path, args: dict[tuple, str]) -> None:

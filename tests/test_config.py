@@ -140,6 +140,13 @@ def test_unknown_key_is_refused_with_its_line(tmp_path):
         load_job(job)
 
 
+@pytest.mark.parametrize("key", ["source_file: /etc/x.yaml", "paths_base: {input.path: x}"])
+def test_fields_load_job_fills_in_are_no_job_file_keys(tmp_path, key):
+    job = write_job(tmp_path / "job.yaml", f"name: x\n{key}\n")
+    with pytest.raises(ConfigError, match=rf"job.yaml:2 {key.split(':')[0]}: unknown key"):
+        load_job(job)
+
+
 def test_literal_lists_the_allowed_values(tmp_path):
     job = write_job(tmp_path / "job.yaml", "engine:\n  kind: turbo\n")
     with pytest.raises(
