@@ -12,6 +12,7 @@ from jobrunner.engine.loader import load_tokenizer
 from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.resume import describe_duplicates, scan_ids
+from jobrunner.structured.check import spec_error
 from jobrunner.types import RowError
 
 MAX_SHOWN = 20
@@ -29,6 +30,7 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
     codes: Counter[str] = Counter()
     valid = prompt_tokens = max_prompt_tokens = 0  # running totals: nothing kept per row
     for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
+        item = _runnable(item)
         if isinstance(item, RowError):
             codes[item.code] += 1
             if sum(codes.values()) <= MAX_SHOWN:
@@ -56,6 +58,16 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
             f" {cfg.input.max_error_rate:.1%}): {dict(codes)}"
         )
     return summary
+
+
+def _runnable(item: Any) -> Any:
+    """A request whose own structured output (a batch line's, a column's) does not compile is
+    the bad_schema error the run would fail it with."""
+    spec = None if isinstance(item, RowError) else item.sampling.structured
+    why = spec_error(spec) if spec is not None else None
+    if why is None:
+        return item
+    return RowError("bad_schema", f"{item.source}: {why}", item.source, item.id, spec.where)
 
 
 def check_output(cfg: JobConfig) -> str:

@@ -175,3 +175,18 @@ def test_auto_tools_and_bad_schemas_are_line_errors(batch_out):
     assert (bad["error"]["code"], bad["error"]["line"]) == ("bad_schema", 6)
     assert bad["error"]["param"] == "body.response_format.json_schema.schema"
     assert "requests.jsonl:line 6" in bad["message"] and "objectx" in bad["message"]
+
+
+def test_validate_counts_the_lines_a_run_would_fail_for_their_schema(tmp_path):
+    """A batch line whose schema does not compile is invalid to `validate` as to `run`."""
+    data = tmp_path / "requests.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in LINES))
+    job = write_job(
+        tmp_path / "job.yaml",
+        f"input: {{path: {data}, max_error_rate: 0.5}}\noutput: {{path: {tmp_path / 'out'}}}\n",
+    )
+    result = CliRunner().invoke(app, ["validate", str(job)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["errors_by_code"] == {"unsupported": 1, "bad_schema": 1}
+    assert "requests.jsonl:line 6" in result.output and "objectx" in result.output
