@@ -27,8 +27,8 @@ from jobrunner.formats import output_format
 from jobrunner.input_check import InputCheck
 from jobrunner.io.committer import Write, into_rundir
 from jobrunner.io.ids import IdSet
-from jobrunner.io.run_lock import report_lock
-from jobrunner.io.rundir import Manifest, RunDir
+from jobrunner.io.run_lock import report_lock, run_lock
+from jobrunner.io.rundir import Manifest, RunDir, make_run_dir
 from jobrunner.io.store_rundir import open_rundir
 from jobrunner.resume import check_same_job, open_run, start_run
 from jobrunner.signals import SignalLatch, raise_on_signal
@@ -149,14 +149,25 @@ def answer_finished(rundir: RunDir, cfg: JobConfig, opts: RunOptions) -> JobSumm
     whatever a crash left undone; None when the run has work to do. A changed job is refused
     (78), even when this one is done."""
     rundir.check_ours()  # a _SUCCESS with no manifest beside it is not this job's
-    if not rundir.finished or opts.restart or (opts.retry_errors and rundir.has_errors):
+    if not _done(rundir, opts):
         return None
     check_same_job(rundir, cfg)
-    if not rundir.check_finished(rundir.load_manifest()):
-        log.warning("%s: committed shards are gone; their rows run again", rundir.location)
-        rundir.unmark_success()
-        return None
-    return _close(cfg, rundir, None)
+    make_run_dir(rundir.path)  # a store run's local staging directory, where the lock is
+    with run_lock(rundir.path):  # what it completes, no other run may be writing meanwhile
+        if not _done(rundir, opts):  # a run that held the lock changed it
+            return None
+        if not rundir.check_finished(rundir.load_manifest()):
+            log.warning("%s: committed shards are gone; their rows run again", rundir.location)
+            rundir.unmark_success()
+            return None
+        return _close(cfg, rundir, None)
+
+
+def _done(rundir: RunDir, opts: RunOptions) -> bool:
+    """Finished, and not to be redone (--restart, --retry-errors with errors to retry)."""
+    if not rundir.finished or opts.restart:
+        return False
+    return not (opts.retry_errors and rundir.has_errors)
 
 
 def rebuild_reports(rundir: RunDir) -> Report:

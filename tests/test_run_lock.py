@@ -116,3 +116,30 @@ def test_a_run_starting_while_a_report_writes_waits_for_it(tmp_path):
         kill9(writing)  # the report ends (here: its process, and the locks with it)
     out, err = waiter.communicate(timeout=60)
     assert waiter.returncode == 0 and out.strip().endswith("started"), err[-2000:]
+
+
+def test_a_rerun_of_a_finished_job_writes_nothing_while_another_run_holds_it(tmp_path):
+    """A finished run's rerun completes what a crash left undone (here: a missing report) only
+    under the run lock: while a run (--retry-errors, --restart) holds the directory it is
+    refused (78) and writes nothing; once the lock is free it completes the directory."""
+    from crashkit import CLI, env
+
+    job = write_job(tmp_path, "static", write_input(tmp_path / "in.jsonl", n=3, bad=False))
+    cfg = load_job(job)
+    out = Path(cfg.output.path)
+    first = subprocess.run([*CLI, "run", str(job)], capture_output=True, text=True, env=env())
+    assert first.returncode == 0, first.stderr[-2000:]
+    (out / "report.md").unlink()
+    running = hold(
+        f"from pathlib import Path; from jobrunner.io.run_lock import run_lock;"
+        f" held = run_lock(Path({str(out)!r})); held.__enter__()"
+    )
+    try:
+        before = snapshot(out)
+        again = subprocess.run([*CLI, "run", str(job)], capture_output=True, text=True, env=env())
+        assert again.returncode == 78 and "is being run by" in again.stderr, again.stderr[-2000:]
+        assert snapshot(out) == before and not (out / "report.md").exists()
+    finally:
+        kill9(running)
+    again = subprocess.run([*CLI, "run", str(job)], capture_output=True, text=True, env=env())
+    assert again.returncode == 0 and (out / "report.md").is_file(), again.stderr[-2000:]
