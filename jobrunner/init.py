@@ -16,6 +16,7 @@ from typing import Any
 from jobrunner.config import JobConfig, load_job
 from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import detect_format, input_format
+from jobrunner.io.compressed import plain_name
 from jobrunner.io.readers import RawRow
 from jobrunner.io.writers import check_file_target
 
@@ -30,7 +31,8 @@ def write_job_file(data_file: Path, target: Path | None, force: bool) -> tuple[P
     """Write the job file; returns its path and a few lines saying what was proposed."""
     if not data_file.is_file():
         raise InputDataError(f"{data_file}: no such file (give a .csv, .parquet or .jsonl file)")
-    target = target or data_file.with_suffix(".yaml")
+    plain = Path(plain_name(str(data_file)))  # posts.csv.gz: the job is posts.yaml too
+    target = target or plain.with_suffix(".yaml")
     check_file_target(target, "-o")
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass -o PATH for another file, or --force")
@@ -39,9 +41,9 @@ def write_job_file(data_file: Path, target: Path | None, force: bool) -> tuple[P
     job_dir = target.absolute().parent
     rel_input = os.path.relpath(data_file.absolute(), job_dir)
     if kind == "openai-batch":
-        text, said = _openai_batch_job(data_file.stem, rel_input), "an OpenAI batch file"
+        text, said = _openai_batch_job(plain.stem, rel_input), "an OpenAI batch file"
     else:
-        text, said = _job_text(data_file.stem, rel_input, rows)
+        text, said = _job_text(plain.stem, rel_input, rows)
     target.write_text(text, encoding="utf-8")
     load_job(target)  # what we wrote must load: a bug here is ours, not the user's
     return target, said

@@ -22,7 +22,7 @@ from jobrunner.formats import detect_format, input_files, make_preparer
 from jobrunner.io.identity import RowDigests, input_root, relative_name, row_digest
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches, repeated
 from jobrunner.io.readers import RawRow
-from jobrunner.prep.prepare import Preparer, derived_name
+from jobrunner.prep.prepare import Preparer, derived_name, place_name
 from jobrunner.types import RowRef
 
 CHUNK_ROWS = 1 << 16  # rows per hashing chunk on the row-at-a-time path
@@ -237,13 +237,14 @@ def _batch_values(batch: Any) -> Iterator[dict[str, Any]]:
 
 def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
     """Where each id whose hash occurs twice is, by value: {id: [place, ...]} of real repeats,
-    in input order; a place names its file as derived ids do (relative to the input root)."""
+    in input order; a place names its file relative to the input root (prepare.place_name)."""
     places: dict[str, list[str]] = {}
     root = input_root(cfg.input.path)
     preparer = make_preparer(cfg, tokenizer=None)
     for file in input_files(cfg.input.path):
-        fmt, name = detect_format(file, cfg.input.format), derived_name(file, root)
+        fmt, name = detect_format(file, cfg.input.format), place_name(file, root)
         if _vectorized(preparer, fmt) and fmt == "parquet":  # CSV: the reader has the lines
+            # a Parquet file is never compressed: its derived ids name it as its places do
             found = _fast_places(cfg, file, fmt, name, suspects)
         else:
             found = _row_places(preparer, file, fmt, name, cfg.input.batch_rows, suspects)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobrunner.io import fs as store
 
@@ -54,6 +55,38 @@ def test_a_ray_block_reads_its_span_of_a_jsonl_object(s3_env):
     whole = [r for r in read_rows(url) if r.values["id"] != "c2"]
     assert [(r.source, r.values) for r in got] == [(r.source, r.values) for r in whole]
     assert len(plan.blocks) == 3
+
+
+def test_a_compressed_object_is_listed_scanned_and_read_as_the_plain_one(s3_env):
+    """A prefix's `.jsonl.gz` and `.csv.zst` objects are input files, read as the text they
+    hold (ids, lines), by the scan, the rows and a Ray block; one cut short is refused."""
+    import gzip
+
+    from jobrunner.config import JobConfig
+    from jobrunner.errors import InputDataError
+    from jobrunner.executors.ray_blocks import plan_blocks, unpack_block
+    from jobrunner.formats import input_files, read_rows
+    from jobrunner.resume import scan_ids
+
+    text = b"".join(b'{"id": "g%d", "prompt": "p%d"}\n' % (i, i) for i in range(5))
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as out:
+        out.write(b'id,prompt\nz0,"two\nlines"\nz1,x\n')
+    f, p = store.filesystem(f"{s3_env}/in")
+    f.pipe_file(f"{p}/a.jsonl.gz", gzip.compress(text))
+    f.pipe_file(f"{p}/b.CSV.ZST", sink.getvalue().to_pybytes())
+    f.pipe_file(f"{p}/notes.txt.gz", gzip.compress(b"not an input"))
+    url = f"{s3_env}/in"
+    assert input_files(url) == [f"{url}/a.jsonl.gz", f"{url}/b.CSV.ZST"]
+    got = [(r.values["id"], r.source.line) for r in read_rows(url)]
+    assert got == [*((f"g{i}", i + 1) for i in range(5)), ("z0", 2), ("z1", 4)]
+    assert scan_ids(JobConfig.model_validate({"input": {"path": url}})) == (7, {})
+    cfg = JobConfig.model_validate({"input": {"path": f"{url}/a.jsonl.gz"}})
+    (block,) = plan_blocks(cfg, skip_ids={"g2"}, block_rows=2).blocks
+    assert [r.values["id"] for r in unpack_block(block["payload"])[0]] == ["g0", "g1", "g3", "g4"]
+    f.pipe_file(f"{p}/a.jsonl.gz", gzip.compress(text)[:-12])
+    with pytest.raises(InputDataError, match=f"{url}/a.jsonl.gz: the gzip data is cut short"):
+        scan_ids(cfg)
 
 
 # ------------------------------------------------------------------ the commit protocol

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 
@@ -407,6 +408,39 @@ def test_one_output_or_error_line_per_input_line(batch_run):
     }
     for e in errors:
         assert e["response"] is None and BatchError.model_validate(e["error"]).line == e["line"]
+
+
+@pytest.mark.slow
+def test_a_gzipped_batch_file_is_detected_and_answers_as_the_plain_one(batch_run, tmp_path):
+    """`input.path: requests.jsonl.gz`, format auto: every line answered as the plain file's,
+    bad lines on the same line numbers, under the same derived ids."""
+    out, args, _, _ = batch_run
+    packed = tmp_path / "requests.jsonl.gz"
+    packed.write_bytes(gzip.compress((out.parent / "requests.jsonl").read_bytes()))
+    job = write_job(
+        tmp_path / "job.yaml",
+        f"""
+model: {{source: smollm2-135m-instruct}}
+input: {{path: {packed}}}
+output: {{path: {tmp_path / "out"}, format: openai-batch}}
+""",
+    )
+    code, summary = run_cli("run", str(job), *args[2:])
+    assert code == 0, summary
+    assert summary["rows"] == {"succeeded": 6, "failed": 3, "skipped": 0}
+
+    def answers(d):
+        outputs = [
+            (o["custom_id"], o["response"]["body"]["choices"])
+            for o in read_jsonl(d / "output.jsonl")
+        ]
+        errors = [
+            (e["custom_id"], e["error"]["line"], e["error"]["code"])
+            for e in read_jsonl(d / "errors.jsonl")
+        ]
+        return sorted(outputs, key=repr), sorted(errors)
+
+    assert answers(tmp_path / "out") == answers(out)
 
 
 @pytest.mark.slow

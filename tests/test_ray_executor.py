@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -194,6 +195,43 @@ def test_line_blocks_are_spans_of_the_input_read_by_the_worker(tmp_path, fmt):
         (whole[r.source.row].source, whole[r.source.row].values) for r in got
     ]
     assert [r.source.line for r in got] == [1, 3, 4, 7, 10, 11]  # r0 r2 r3 r4 r7 r8
+
+
+def test_a_compressed_file_is_one_span_read_from_its_start(tmp_path):
+    """A compressed stream has no offset to enter it by: its pending rows are one block, from
+    line 1 to the end, that one worker reads; a plain file beside it is still cut in spans.
+    What the worker reads is what the whole file's reader gives for those rows."""
+    import gzip
+    import io
+
+    from jobrunner.executors.ray_blocks import unpack_block
+    from jobrunner.formats import read_rows
+    from jobrunner.formats.lines import iter_lines
+
+    data = tmp_path / "data"
+    data.mkdir()
+    text = "".join(json.dumps({"id": f"r{i}", "prompt": f"p{i}"}) + "\n" for i in range(9))
+    (data / "a.jsonl.gz").write_bytes(gzip.compress(("\n" + text + "not json\n").encode()))
+    (data / "b.jsonl").write_text(text.replace('"r', '"b'))
+    cfg = JobConfig.model_validate({"input": {"path": str(data)}})
+    plan = plan_blocks(cfg, skip_ids={"r1", "r5", "b0"}, block_rows=2)
+    spans = [pickle.loads(b["payload"])["lines"] for b in plan.blocks]
+    assert [(Path(s["file"]).name, s["start"], s["stop"]) for s in spans[:2]] == [
+        ("a.jsonl.gz", (0, 1, 0), None),
+        ("b.jsonl", (spans[1]["start"][0], 2, 1), spans[1]["stop"]),
+    ]
+    assert spans[0]["rows"] == [(0, 1), (2, 5), (6, 9)]
+    assert len(spans) == 1 + 4  # b's 8 pending rows, 2 a block
+    assert (plan.skipped, plan.rows, [e.code for e in plan.errors]) == (3, 15, ["malformed_json"])
+    packed = str(data / "a.jsonl.gz")
+    got = list(unpack_block(plan.blocks[0]["payload"])[0])
+    whole = [r for r in read_rows(packed) if not isinstance(r, RowError)]
+    assert [(r.source, r.values) for r in got] == [
+        (r.source, r.values) for r in whole if r.values["id"] not in ("r1", "r5")
+    ]
+    assert [r.source.line for r in got][:2] == [2, 4]  # the blank first line counts
+    with pytest.raises(io.UnsupportedOperation):  # never a byte offset as a line start
+        next(iter_lines(packed, (spans[1]["start"][0], 2, 1)))
 
 
 def test_merging_error_fragments_twice_adds_nothing(tmp_path):

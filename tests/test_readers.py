@@ -72,14 +72,15 @@ def test_a_directory_reads_any_case_of_suffix_and_names_what_it_leaves(tmp_path,
     (tmp_path / "x.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
     (tmp_path / "UPPER.JSONL").write_text(json.dumps({"prompt": "upper"}) + "\n")
     (tmp_path / "comp.jsonl.gz").write_bytes(gzip.compress(b'{"prompt": "packed"}\n'))
+    (tmp_path / "comp.parquet.gz").write_bytes(gzip.compress(b"PAR1"))
     (tmp_path / "notes.txt").write_text("not data")
     files = [p.rsplit("/", 1)[1] for p in input_files(str(tmp_path))]
-    assert files == ["UPPER.JSONL", "x.jsonl"]
+    assert files == ["UPPER.JSONL", "comp.jsonl.gz", "x.jsonl"]
     prompts = sorted(r.values["prompt"] for r in read_rows(str(tmp_path)))
-    assert prompts == ["upper", "x"]
+    assert prompts == ["packed", "upper", "x"]
     said = caplog.text
-    assert "2 files of no input format are not read (comp.jsonl.gz, notes.txt)" in said
-    assert "1 of them compressed" in said
+    assert "2 files of no input format are not read (comp.parquet.gz, notes.txt)" in said
+    assert "compressed as input.path does not read (.parquet.gz)" in said
 
 
 def test_samples_exist_with_a_length_spread():

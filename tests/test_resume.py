@@ -9,6 +9,7 @@ again, and the finished run must equal an uninterrupted one.
 from __future__ import annotations
 
 import fcntl
+import gzip
 import hashlib
 import json
 import subprocess
@@ -20,6 +21,7 @@ from crashkit import (
     assert_each_row_once,
     comparable,
     kill9,
+    read_results,
     reference,
     run,
     start,
@@ -76,6 +78,26 @@ def test_kill9_at_any_moment_then_rerun_equals_uninterrupted_run(tmp_path, engin
     assert manifest["counts"]["succeeded"] == 24 and manifest["counts"]["failed"] == 2
     assert sum(s["rows"] for s in manifest["shards"]) == 24
     assert (out / "_SUCCESS").exists()
+
+
+def test_a_gzipped_input_killed_after_a_commit_resumes_to_the_plain_inputs_results(tmp_path):
+    """A `.jsonl.gz` of the standard input gives its rows the plain file's ids, row and line
+    numbers (errors.jsonl), and resumes after kill -9: committed rows are skipped, not rerun,
+    and the finished run equals the uninterrupted run over the plain file."""
+    _, expected = reference("static")
+    packed = tmp_path / "in.jsonl.gz"
+    packed.write_bytes(gzip.compress(write_input(tmp_path / "plain.jsonl").read_bytes()))
+    job = write_job(tmp_path, "static", packed)
+    out = tmp_path / "out"
+    p = run(job, JOBRUNNER_FAULT_KILL="after_shard:2")
+    assert p.returncode == -9, p.stderr[-2000:]
+    done = {r["id"] for r in read_results(out)}
+    assert len(done) == 8  # two shards of 4, and the errors of lines 4 and 10
+    p = run(job)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert summary(p.stdout)["rows"]["skipped"] == len(done) + 1  # + the empty prompt, by id
+    assert_each_row_once(out)
+    assert comparable(out) == expected
 
 
 def _digest(out) -> dict[str, str]:

@@ -28,6 +28,7 @@ from jobrunner.formats import detect_format, input_files, input_format, make_pre
 from jobrunner.formats.lines import Line, iter_lines
 from jobrunner.formats.parquet import read_parquet_ranges
 from jobrunner.input_scan import metadata_rows
+from jobrunner.io.compressed import codec
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, committed, hash_ids, iter_id_batches
 from jobrunner.io.readers import Item, RawRow
@@ -59,8 +60,8 @@ def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> 
     """Pending rows in blocks of block_rows, none across two files. Parquet read by the column
     preparer: from the id column alone (vectorized, no row in the driver), each block its file
     and row ranges. Line formats (JSONL, OpenAI batch files): read once here for their ids (our
-    readers, our id rules), each block a span of lines and the rows in it to run. Other inputs
-    (CSV): read once here, their rows pickled into the blocks."""
+    readers, our id rules), each block a span of lines and the rows in it to run (a compressed
+    file: one block). Other inputs (CSV): read once here, their rows pickled into the blocks."""
     if metadata_rows(cfg) is not None:
         return _described(
             cfg, skip_ids if isinstance(skip_ids, IdSet) else IdSet.of(skip_ids), block_rows
@@ -106,33 +107,37 @@ def _row_blocks(plan: Plan, items: Iterable[Item], preparer, skip_ids, block_row
 
 def _line_blocks(plan: Plan, file: str, fmt, preparer, skip_ids, block_rows: int) -> None:
     """Blocks of `file` as spans of lines: where the first pending line starts, where the last
-    one ends, and the rows between them to run (committed and unreadable ones left out)."""
+    one ends, and the rows between them to run (committed and unreadable ones left out). A
+    compressed file has no offset to enter it by: one span from its start, one block."""
+    pending = _pending_lines(plan, file, fmt, preparer, skip_ids)
+    if codec(file):
+        rows = np.fromiter((ln.row for ln in pending), np.int64)
+        if len(rows):
+            _add_span(plan, file, fmt.name, (0, 1, 0), None, rows, preparer)
+        return
+    while cur := list(itertools.islice(pending, block_rows)):
+        first, rows = cur[0], np.fromiter((ln.row for ln in cur), np.int64, len(cur))
+        start = (first.byte, first.line, first.row)
+        _add_span(plan, file, fmt.name, start, cur[-1].end, rows, preparer)
+
+
+def _pending_lines(plan: Plan, file: str, fmt, preparer, skip_ids) -> Iterator[Line]:
+    """The lines of `file` to run, without their text (the driver keeps no row's)."""
     lines = iter_lines(file)
-    cur: list[Line] = []
     while chunk := list(itertools.islice(lines, CHECK_ROWS)):
         items = [fmt.parse_line(ln.raw, RowRef(file, ln.row, line=ln.line)) for ln in chunk]
         for ln, keep in zip(chunk, _pending(plan, items, preparer, skip_ids), strict=True):
             if keep:
-                cur.append(ln._replace(raw=b""))  # the driver keeps no row's text
-            if len(cur) == block_rows:
-                _add_span(plan, file, fmt.name, cur, preparer)
-                cur = []
-    if cur:
-        _add_span(plan, file, fmt.name, cur, preparer)
+                yield ln._replace(raw=b"")
 
 
-def _add_span(plan: Plan, file: str, fmt: str, lines: list[Line], preparer) -> None:
-    first, last = lines[0], lines[-1]
-    span = {
-        "file": file,
-        "format": fmt,
-        "start": (first.byte, first.line, first.row),
-        "stop": last.end,
-        "rows": _runs(np.fromiter((ln.row for ln in lines), np.int64, len(lines))),
-    }
+def _add_span(plan: Plan, file: str, fmt: str, start, stop, rows: np.ndarray, preparer) -> None:
+    """A block of `rows` (sorted) of the lines from `start` = (byte, line, row) to byte `stop`
+    (None: the end)."""
+    span = {"file": file, "format": fmt, "start": start, "stop": stop, "rows": _runs(rows)}
     payload = pickle.dumps({"lines": span, "file_has_ids": preparer.file_ids([file])})
     plan.blocks.append({"block": len(plan.blocks), "payload": payload})
-    plan.rows += len(lines)
+    plan.rows += len(rows)
 
 
 def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:

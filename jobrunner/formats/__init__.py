@@ -13,6 +13,7 @@ from typing import Any
 from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import csv, jsonl, openai_batch, parquet
 from jobrunner.formats.base import Format
+from jobrunner.io.compressed import CODECS, codec, data_suffix, full_suffix
 from jobrunner.io.readers import Item, find_files
 from jobrunner.prep.embed import EmbedPreparer
 from jobrunner.prep.prepare import Preparer
@@ -43,17 +44,31 @@ def shard_format(name: str) -> Format:
 
 
 def input_files(path: str) -> list[str]:
-    """The files a job reads: a file, every file of a known format in a directory, a glob."""
-    return find_files(path, {s for f in FORMATS.values() for s in f.suffixes})
+    """The files a job reads: a file, every file of a known format in a directory (compressed
+    too, where the format is a stream of text: `.jsonl.gz`), a glob."""
+    suffixes = {s for f in FORMATS.values() for s in f.suffixes}
+    packed = {s + c for f in FORMATS.values() if f.compressed for s in f.suffixes for c in CODECS}
+    return find_files(path, suffixes | packed)
 
 
 def detect_format(file: str, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    suffix = Path(file).suffix.lower()
+    """The format `file` is read as: `fmt`, or by its suffix (under a codec's) for `auto`."""
+    packed = codec(file)  # first: a compression we do not read is refused by name
+    kind = fmt if fmt != "auto" else _by_suffix(file)
+    if packed and not FORMATS.get(kind).compressed:
+        raise InputDataError(
+            f"{file}: a compressed {kind} file is not read (line formats are: JSONL, CSV, OpenAI"
+            " batch files; Parquet compresses inside); decompress it and run again"
+        )
+    return kind
+
+
+def _by_suffix(file: str) -> str:
+    suffix = data_suffix(file)
     kind = next((f.name for f in FORMATS.values() if suffix in f.suffixes), None)
     if kind is None:
-        raise InputDataError(f"{file}: cannot tell the format from {suffix!r}; set input.format")
+        said = full_suffix(file) or Path(file).name
+        raise InputDataError(f"{file}: cannot tell the format from {said!r}; set input.format")
     return next((f.name for f in FORMATS.values() if f.claims and f.claims(file, kind)), kind)
 
 

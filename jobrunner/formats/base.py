@@ -29,6 +29,7 @@ class Format:
     # line formats: parses one non-blank line, so a Ray block can be a span of lines (lines.py)
     parse_line: Callable[[bytes, RowRef], Item] | None = None
     claims: Callable[[str, str], bool] | None = None  # (file, its suffix's format): auto picks us
+    compressed: bool = False  # a stream of text: read from `x.gz`, `x.zst`... (io/compressed.py)
     # (file) -> the Arrow schema of its rows' columns, as the reader gives them (run_schema.py)
     schema: Callable[[str], Any] | None = None
     preparer: type[Preparer] | None = None  # None: the column/template Preparer

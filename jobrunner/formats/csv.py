@@ -47,4 +47,4 @@ def file_schema(file: str) -> Any:
     return pa.schema({name: pa.string() for name in reader.header or []})
 
 
-FORMAT = Format("csv", suffixes=(".csv",), read=read_csv, schema=file_schema)
+FORMAT = Format("csv", suffixes=(".csv",), read=read_csv, compressed=True, schema=file_schema)

@@ -78,6 +78,7 @@ FORMAT = Format(
     suffixes=(".jsonl", ".ndjson", ".json"),
     read=read_jsonl,
     parse_line=parse_json_line,
+    compressed=True,
     write=write_jsonl,
     suffix=".jsonl",
     schema=file_schema,

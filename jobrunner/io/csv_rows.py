@@ -7,6 +7,7 @@ bytes that are not UTF-8 (`invalid_utf8`; kept by `surrogateescape`, so they nev
 field). Empty lines are not rows (as for Python's DictReader and pyarrow). What cannot be cut
 into rows is the file's error (InputDataError): a header that repeats a name or is not UTF-8,
 a quote opened and never closed, a field past MAX_FIELD_CHARS. An empty file has no rows.
+A compressed file's text is read as it is decompressed (io/compressed.py).
 
 The fast path: a block after the header, valid UTF-8, that pyarrow reads into as many rows as
 it has lines, the last line's quotes closed, has each row on one line; there pyarrow cuts the
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from jobrunner.errors import InputDataError
-from jobrunner.io.fs import open_file
+from jobrunner.io.compressed import open_input
 
 BOM = b"\xef\xbb\xbf"
 BLOCK_BYTES = 1 << 20  # bytes read at once; a block is cut after its last line end
@@ -66,7 +67,7 @@ class CsvRows:
         holds the `columns` the header has (None: all of them)."""
         csv.field_size_limit(max(csv.field_size_limit(), MAX_FIELD_CHARS))
         try:
-            f = open_file(self.file)
+            f = open_input(self.file)
         except OSError as e:
             raise InputDataError(f"{self.file}: not a readable CSV file: {e}") from e
         pending, need = b"", 0  # the lines of a row whose quoted field runs past the blocks

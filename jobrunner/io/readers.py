@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.errors import InputDataError
+from jobrunner.io.compressed import COMPRESSED, full_suffix
 from jobrunner.io.fs import glob_files, is_remote, local_path
 from jobrunner.io.identity import input_root, outside_run_dirs
 from jobrunner.types import RowError, RowRef
 
 log = logging.getLogger(__name__)
 
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".snappy")
 MAX_SKIPPED_NAMED = 5  # files a directory's skipped-files warning names
 _NOTED: set[tuple[str, int]] = set()  # (directory, files skipped) already warned of
 
@@ -42,11 +42,11 @@ Item = RawRow | RowError
 
 def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     """The files at `path` in a stable order: a file, the files of a directory with one of
-    `suffixes`, or the files a glob matches. Symlinked folders are followed, each folder once
-    (a symlink loop ends there); a file reached twice (a link, overlapping matches) is read
-    once; files inside a run directory are left out (`identity.outside_run_dirs`). On a
-    store (io.fs): the object, the objects under a prefix with one of `suffixes`, or the
-    objects a glob matches."""
+    `suffixes` (compound for compressed files: `.jsonl.gz`), or the files a glob matches.
+    Symlinked folders are followed, each folder once (a symlink loop ends there); a file
+    reached twice (a link, overlapping matches) is read once; files inside a run directory
+    are left out (`identity.outside_run_dirs`). On a store (io.fs): the object, the objects
+    under a prefix with one of `suffixes`, or the objects a glob matches."""
     path = local_path(path)
     if is_remote(path):
         named = glob.has_magic(path) or _suffix(path) in suffixes
@@ -72,7 +72,7 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
 
 
 def _suffix(file: str) -> str:
-    return Path(file).suffix.lower()  # data.JSONL is JSONL
+    return full_suffix(file)  # data.JSONL is JSONL, data.JSONL.GZ is .jsonl.gz
 
 
 def _note_skipped(path: str, skipped: list[str]) -> None:
@@ -81,13 +81,13 @@ def _note_skipped(path: str, skipped: list[str]) -> None:
     if not skipped or (path, len(skipped)) in _NOTED:  # input_files runs several times a run
         return
     _NOTED.add((path, len(skipped)))
-    packed = [f for f in skipped if _suffix(f) in COMPRESSED]
+    packed = sorted({_suffix(f) for f in skipped if Path(f).suffix.lower() in COMPRESSED})
     names = ", ".join(os.path.relpath(f, path) for f in skipped[:MAX_SKIPPED_NAMED])
     more = (
         f" and {len(skipped) - MAX_SKIPPED_NAMED} more" if len(skipped) > MAX_SKIPPED_NAMED else ""
     )
     why = (
-        f"; {len(packed)} of them compressed, which input.path does not read: decompress them"
+        f"; compressed as input.path does not read ({', '.join(packed)}): decompress them"
         if packed
         else ""
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.config import JobConfig
+from jobrunner.io.compressed import plain_name
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import Framed, PromptRenderer, RenderError, Segmented
@@ -43,7 +44,14 @@ def derived_id(ref: RowRef, root: Path | None = None) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def derived_name(file: str, root: Path | str | None) -> str:
-    """How derived ids name `file`: relative to the input root, else by its base name."""
+    """How derived ids name `file`: as messages do (place_name), a compressed file as the file
+    it holds (`a.jsonl.gz` as `a.jsonl`: its rows keep the ids they had before compressing)."""
+    return plain_name(place_name(file, root))
+
+
+@functools.lru_cache(maxsize=4096)
+def place_name(file: str, root: Path | str | None) -> str:
+    """How messages name `file`: relative to the input root, else by its base name."""
     name = relative_name(file, root) if root is not None else file
     return name if not os.path.isabs(name) else os.path.basename(file)  # outside the root
 

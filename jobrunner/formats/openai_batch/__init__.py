@@ -16,6 +16,7 @@ FORMAT = Format(
     read=read_openai_batch,
     parse_line=parse_batch_line,
     claims=claims,
+    compressed=True,
     preparer=OpenAIPreparer,
     embed_preparer=OpenAIEmbedPreparer,
     shards="jsonl",

@@ -14,8 +14,8 @@ LINE_BITS = 40  # a first line is one int: its file's index above these bits, it
 
 class FirstLines:
     """Each id used so far (a custom_id, an embeddings line's `<custom_id>#<index>`) and the
-    line that first used it, kept as one int beside the id: its file named as derived ids name
-    it (relative to the input root), and its line."""
+    line that first used it, kept as one int beside the id: its file named relative to the
+    input root (prepare.place_name), and its line."""
 
     def __init__(self) -> None:
         self._lines: dict[str, int] = {}

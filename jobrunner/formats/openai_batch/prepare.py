@@ -16,7 +16,7 @@ from typing import Any
 
 from jobrunner.formats.openai_batch.custom_ids import FirstLines, duplicate_line
 from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
-from jobrunner.prep.prepare import Preparer, derived_id, derived_name
+from jobrunner.prep.prepare import Preparer, derived_id, place_name
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.structured.spec import OutputSpec, SpecError, response_format_spec, tool_spec
 from jobrunner.types import Request, RowError, SamplingParams, kind_of
@@ -110,7 +110,7 @@ class OpenAIPreparer(Preparer):
 
     def _remember(self, ids: list[str], raw) -> None:
         """`ids` are used, first by `raw`'s line."""
-        self._seen.add(ids, derived_name(raw.source.file, self._root), raw.source.line or 0)
+        self._seen.add(ids, place_name(raw.source.file, self._root), raw.source.line or 0)
 
     def prepare_batch(self, items: list) -> list[Request | RowError]:
         out: list[Any] = [self._parse(i) for i in items]

@@ -9,7 +9,7 @@ from typing import Any
 
 from jobrunner.formats.jsonl import parse_json_line
 from jobrunner.formats.lines import read_lines
-from jobrunner.io.fs import open_file
+from jobrunner.io.compressed import open_input
 from jobrunner.io.readers import Item
 from jobrunner.prep.prepare import derived_id
 from jobrunner.types import RowError, RowRef
@@ -75,7 +75,7 @@ def claims(file: str, kind: str) -> bool:
     """`input.format: auto`: a .jsonl file whose first line has custom_id, url and body."""
     if kind != "jsonl":
         return False
-    with open_file(file) as f:
+    with open_input(file) as f:
         for raw in f:
             if raw.strip():
                 try:
