@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import detect_format, input_files, make_preparer
+from jobrunner.formats import detect_format, input_files, input_format, make_preparer
+from jobrunner.formats.columns import SchemaInference
 from jobrunner.io.identity import RowDigests, input_root, relative_name, row_digest
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches, repeated
 from jobrunner.io.readers import RawRow
@@ -36,6 +37,8 @@ class Scan:
     duplicates: dict[str, list[str]] = field(default_factory=dict)
     ids: IdSet = field(default_factory=IdSet)  # every row's id, and the ids row errors name
     rows: RowDigests = field(default_factory=RowDigests)  # for the files asked for
+    # file -> its rows' Arrow schema, typed as they were read (`schemas`: Format.schema_of_rows)
+    schemas: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,14 +59,19 @@ def scan_input(
     rows: Any = None,
     stop: Any = None,
     expect_rows: int = 0,
+    schemas: bool = False,
 ) -> Scan:
     """One pass over the input (only the files in `digest_files` when not `count`). The digests
     go to `rows` when given (an identity.RowDigestFile), else to the Scan's RowDigests. Once
     `stop` (a threading.Event) is set, it returns what it has read so far. `expect_rows` (the
-    footers' count) sizes the hash array at once: 8 bytes a row, not chunks and their copy."""
+    footers' count) sizes the hash array at once: 8 bytes a row, not chunks and their copy.
+    `schemas`: the files of a format typed over its rows (JSONL) are typed as they are read,
+    into `Scan.schemas` (the run's schema then needs no second read: run_schema.decide)."""
     scan, hashes = Scan(), _Hashes(expect_rows)
     sink = rows if rows is not None else scan.rows
-    for name, pieces in _files(cfg, None if count else digest_files, digest_files):
+    for file, name, pieces, typing in _files(
+        cfg, None if count else digest_files, digest_files, schemas
+    ):
         for piece in pieces:
             if stop is not None and stop.is_set():
                 return scan
@@ -71,6 +79,8 @@ def scan_input(
             hashes.add(piece.hashes)
             if piece.digests is not None:
                 sink.add_chunk(name, piece.ids, piece.digests)
+        if typing is not None:
+            scan.schemas[file] = typing.schema()
     hashes = hashes.array()
     suspects = repeated(hashes)  # sorts `hashes` in place, so IdSet's sort below is cheap
     scan.ids = IdSet(hashes)
@@ -118,8 +128,9 @@ def scan_ids(cfg: JobConfig) -> tuple[int, dict[str, list[str]]]:
 
 
 def _files(
-    cfg: JobConfig, only: set[str] | None, digest_files: set[str]
-) -> Iterator[tuple[str, Iterator[Piece]]]:
+    cfg: JobConfig, only: set[str] | None, digest_files: set[str], schemas: bool
+) -> Iterator[tuple[str, str, Iterator[Piece], SchemaInference | None]]:
+    """(file, its name, its pieces, the inference typing its rows as they are read or None)."""
     root = input_root(cfg.input.path)
     preparer = make_preparer(cfg, tokenizer=None)
     for file in input_files(cfg.input.path):
@@ -129,9 +140,11 @@ def _files(
         fmt = detect_format(file, cfg.input.format)
         digests = name in digest_files
         if _vectorized(preparer, fmt) and not (digests and fmt != "parquet"):
-            yield name, _fast(cfg, file, fmt, derived_name(file, root), digests)
+            yield file, name, _fast(cfg, file, fmt, derived_name(file, root), digests), None
         else:
-            yield name, _by_row(preparer, file, fmt, cfg.input.batch_rows, digests)
+            typing = SchemaInference() if schemas and input_format(fmt).schema_of_rows else None
+            pieces = _by_row(preparer, file, fmt, cfg.input.batch_rows, digests, typing)
+            yield file, name, pieces, typing
 
 
 def _vectorized(preparer: Any, fmt: str) -> bool:
@@ -159,13 +172,21 @@ def _fast(cfg: JobConfig, file: str, fmt: str, name: str, digests: bool) -> Iter
         yield Piece(batch.num_rows, _valid_hashes(batch_ids(batch, name, first, col)))
 
 
-def _by_row(preparer: Any, file: str, fmt: str, batch_rows: int, digests: bool) -> Iterator[Piece]:
+def _by_row(
+    preparer: Any,
+    file: str,
+    fmt: str,
+    batch_rows: int,
+    digests: bool,
+    typing: SchemaInference | None = None,
+) -> Iterator[Piece]:
     """The reader's items a row at a time; hashes and digests kept a chunk at a time. Digests
-    as they always were: per id an item ends as, of its values (or of its error's message)."""
-    from jobrunner.formats import input_format
-
+    as they always were: per id an item ends as, of its values (or of its error's message).
+    `typing` takes each row's values (as the format's `schema` reads them: its RawRows)."""
     rows, ids, digest_ids, digest_values = 0, [], [], []
     for item in input_format(fmt).read(file, batch_rows):
+        if typing is not None and isinstance(item, RawRow):
+            typing.add(item.values)
         row_id = preparer.row_id(item) if isinstance(item, RawRow) else item
         if isinstance(row_id, str):
             ended = preparer.result_ids(row_id, item)
@@ -267,8 +288,6 @@ def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray):
 
 
 def _row_places(preparer, file: str, fmt: str, name: str, batch_rows: int, suspects: np.ndarray):
-    from jobrunner.formats import input_format
-
     chunk: list[tuple[str, str]] = []
     for item in input_format(fmt).read(file, batch_rows):
         row_id = preparer.row_id(item) if isinstance(item, RawRow) else None

@@ -98,11 +98,11 @@ def start_run(
         parts = job_parts(cfg, manifest.job.get("input"))
         _check_settings(rundir, manifest, parts)
         changes = _input_changes(manifest, parts)
-        rundir.schema = run_schema.settle(manifest, cfg)
         total = None if changes or is_remote(str(rundir.location)) else metadata_rows(cfg)
         if total is None or total < CHECK_WHILE_STARTING_ROWS:
             yield (*_checked_now(rundir, cfg, opts, manifest, parts, changes), InputCheck())
             return
+        rundir.schema = run_schema.settle(manifest, cfg)  # Parquet: from the files' footers
         if opts.retry_errors:
             log.info(
                 "--retry-errors: %d failed rows will run again", rundir.forget_failed(manifest)
@@ -140,7 +140,9 @@ def _checked_now(rundir, cfg, opts, manifest: Manifest, parts, changes) -> tuple
     need = changes.paths & set(names) if have_rows else set(names)
     # Without earlier digests every file's are made: streamed to disk, not kept in memory.
     with RowDigestFile(rows_file) if not have_rows else contextlib.nullcontext() as sink:
-        scan = scan_input(cfg, need, rows=sink)
+        typed = not manifest.schema and cfg.output.keep_input_columns  # else nothing to type
+        scan = scan_input(cfg, need, rows=sink, schemas=typed)
+        rundir.schema = run_schema.settle(manifest, cfg, scan.schemas)  # JSONL: typed in the scan
         _check_scan(rundir, manifest, cfg, opts, scan, changes, have_rows)
         committed = rundir.committed_idset()
         _check_no_strays(rundir, committed, scan)

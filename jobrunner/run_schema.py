@@ -21,31 +21,35 @@ from jobrunner.formats.columns import is_json_text, unify
 from jobrunner.prep.prepare import renamed_input_columns
 
 
-def settle(manifest: Any, cfg: JobConfig) -> Any:
+def settle(manifest: Any, cfg: JobConfig, typed: dict[str, Any] | None = None) -> Any:
     """The run's schema: the manifest's, else decided now and recorded there (saved with the
-    manifest at the first commit; a run stopped before it decides the same again)."""
+    manifest at the first commit; a run stopped before it decides the same again). `typed`:
+    files' schemas a pass over their rows already made (input_scan.Scan.schemas)."""
     if manifest.schema:
         return from_json(manifest.schema)
-    schema = decide(cfg)
+    schema = decide(cfg, typed)
     manifest.schema = to_json(schema)
     return schema
 
 
-def decide(cfg: JobConfig) -> Any:
+def decide(cfg: JobConfig, typed: dict[str, Any] | None = None) -> Any:
     import pyarrow as pa
 
-    return pa.schema([*(input_fields(cfg) or []), *result_fields(cfg)])
+    return pa.schema([*(input_fields(cfg, typed or {}) or []), *result_fields(cfg)])
 
 
-def input_fields(cfg: JobConfig) -> list | None:
-    """The input's columns as result rows carry them; None when the format has no schema."""
+def input_fields(cfg: JobConfig, typed: dict[str, Any] | None = None) -> list | None:
+    """The input's columns as result rows carry them; None when the format has no schema.
+    A file in `typed` takes the schema given there, else its format's `schema` reads it."""
     if not cfg.output.keep_input_columns:
         return []
     files = input_files(cfg.input.path)
     formats = [input_format(detect_format(f, cfg.input.format)) for f in files]
     if any(fmt.schema is None or fmt.preparer is not None for fmt in formats):
         return None
-    schema = unify([fmt.schema(f) for f, fmt in zip(files, formats, strict=True)])
+    typed = typed or {}
+    schemas = [typed.get(f) or fmt.schema(f) for f, fmt in zip(files, formats, strict=True)]
+    schema = unify(schemas)
     fields = [f for f in schema if not _id_text(f, cfg.input.id_column)]
     names = renamed_input_columns(dict.fromkeys(f.name for f in fields))
     return [f.with_name(n) for f, n in zip(fields, names, strict=True)]

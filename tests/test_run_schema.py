@@ -150,6 +150,44 @@ def test_a_start_refused_before_its_first_commit_keeps_no_schema(tmp_path, monke
     assert table.schema.field("x").type == pa.string() and table.num_rows == 2
 
 
+@pytest.mark.usefixtures("echo_engine")
+def test_jsonl_columns_are_typed_in_the_input_scan_without_a_second_read(tmp_path, monkeypatch):
+    """At a run's first start the id scan reads every JSONL line anyway: it types the columns
+    as it goes (a value past the first chunk of lines included), so the input is read once."""
+    import dataclasses
+
+    from jobrunner import formats
+    from jobrunner.formats.jsonl import file_schema
+
+    rows = [{"id": f"r{i}", "prompt": "hi", "score": i} for i in range(5000)]
+    rows[4500]["score"] = "n/a"  # in the second chunk of 4,096 lines: JSON text for all
+    rows[4700]["extra"] = [1, 2]  # a key only one late line has
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = file_schema(str(inp))
+
+    def second_read(file):
+        raise AssertionError(f"{file} read again for its schema")
+
+    jsonl = formats.FORMATS.get("jsonl")
+    monkeypatch.setitem(
+        formats.FORMATS._entries, "jsonl", dataclasses.replace(jsonl, schema=second_read)
+    )
+    out = tmp_path / "out"
+    job = {"input": {"path": str(inp)}, "output": {"path": str(out), "shard_rows": 2500}}
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 0, result.stdout
+    table = pq.read_table(out / "results").sort_by("id")
+    for name in ("prompt", "score"):
+        assert table.schema.field(name).equals(expected.field(name), check_metadata=True)
+    assert expected.field("extra").type == pa.list_(pa.int64())
+    assert pa.types.is_list(table.schema.field("extra").type)  # (Parquet names its item)
+    scores = dict(zip(table["id"].to_pylist(), table["score"].to_pylist(), strict=True))
+    assert scores["r4500"] == '"n/a"' and scores["r7"] == "7"  # JSON text, over every line
+    assert table["extra"].drop_null().to_pylist() == [[1, 2]]
+
+
 def strict(line: str) -> dict:
     def refuse(token: str):
         raise ValueError(f"not JSON: {token}")

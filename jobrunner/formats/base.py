@@ -32,6 +32,9 @@ class Format:
     compressed: bool = False  # a stream of text: read from `x.gz`, `x.zst`... (io/compressed.py)
     # (file) -> the Arrow schema of its rows' columns, as the reader gives them (run_schema.py)
     schema: Callable[[str], Any] | None = None
+    # `schema` types every row the reader gives (JSONL): a pass that reads them anyway (the
+    # input scan) types them as it goes (formats/columns.SchemaInference), not a second read
+    schema_of_rows: bool = False
     preparer: type[Preparer] | None = None  # None: the column/template Preparer
     embed_preparer: type[Preparer] | None = None  # task: embed (None: prep.embed.EmbedPreparer)
     # output

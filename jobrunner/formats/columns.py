@@ -60,17 +60,36 @@ def finite(v: Any) -> Any:
 def infer_schema(rows: Iterable[dict[str, Any]]):
     """One Arrow type per key over every row (a key missing from a row is null there): each
     chunk of rows typed by pyarrow, chunks unified; values sharing no type: JSON text."""
-    import pyarrow as pa
-
-    schemas, chunk = [], []
+    inference = SchemaInference()
     for row in rows:
-        chunk.append(row)
-        if len(chunk) >= INFER_ROWS:
-            schemas.append(_chunk_schema(chunk))
-            chunk = []
-    if chunk or not schemas:
-        schemas.append(_chunk_schema(chunk))
-    return unify(schemas) if schemas else pa.schema([])
+        inference.add(row)
+    return inference.schema()
+
+
+class SchemaInference:
+    """infer_schema a row at a time (`add`), for a pass that reads the rows anyway (the input
+    scan): a chunk of INFER_ROWS rows is typed when it fills and then let go; the distinct
+    chunk schemas (metadata included: unify reads it) are unified at the end, all at once."""
+
+    def __init__(self) -> None:
+        self._chunk: list[dict[str, Any]] = []
+        self._typed: dict[tuple, Any] = {}  # chunks of a file mostly type alike: a few kept
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._chunk.append(row)
+        if len(self._chunk) >= INFER_ROWS:
+            self._type_chunk()
+
+    def schema(self) -> Any:
+        if self._chunk or not self._typed:
+            self._type_chunk()
+        return unify(list(self._typed.values()))
+
+    def _type_chunk(self) -> None:
+        typed = _chunk_schema(self._chunk)
+        key = tuple((f.name, str(f.type), tuple(sorted((f.metadata or {}).items()))) for f in typed)
+        self._typed.setdefault(key, typed)
+        self._chunk = []
 
 
 def _chunk_schema(rows: list[dict[str, Any]]):

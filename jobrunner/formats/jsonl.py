@@ -82,4 +82,5 @@ FORMAT = Format(
     write=write_jsonl,
     suffix=".jsonl",
     schema=file_schema,
+    schema_of_rows=True,
 )
