@@ -28,7 +28,6 @@ from jobrunner.formats import detect_format, input_files, input_format, make_pre
 from jobrunner.formats.lines import Line, iter_lines
 from jobrunner.formats.parquet import read_parquet_ranges
 from jobrunner.input_scan import metadata_rows
-from jobrunner.io.compressed import codec
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, committed, hash_ids, iter_id_batches
 from jobrunner.io.readers import Item, RawRow
@@ -60,8 +59,7 @@ def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> 
     """Pending rows in blocks of block_rows, none across two files. Parquet read by the column
     preparer: from the id column alone (vectorized, no row in the driver), each block its file
     and row ranges. Line formats (JSONL, OpenAI batch files): read once here for their ids (our
-    readers, our id rules), each block a span of lines and the rows in it to run (a compressed
-    file: one block). Other inputs (CSV): read once here, their rows pickled into the blocks."""
+    readers, our id rules), each block a span of lines and the rows in it to run. Other inputs (CSV): read once here, their rows pickled into the blocks."""
     if metadata_rows(cfg) is not None:
         return _described(
             cfg, skip_ids if isinstance(skip_ids, IdSet) else IdSet.of(skip_ids), block_rows
@@ -108,13 +106,9 @@ def _row_blocks(plan: Plan, items: Iterable[Item], preparer, skip_ids, block_row
 def _line_blocks(plan: Plan, file: str, fmt, preparer, skip_ids, block_rows: int) -> None:
     """Blocks of `file` as spans of lines: where the first pending line starts, where the last
     one ends, and the rows between them to run (committed and unreadable ones left out). A
-    compressed file has no offset to enter it by: one span from its start, one block."""
+    compressed file's offsets are its text's: a worker reads its stream past the text before
+    its span (formats/lines.iter_lines)."""
     pending = _pending_lines(plan, file, fmt, preparer, skip_ids)
-    if codec(file):
-        rows = np.fromiter((ln.row for ln in pending), np.int64)
-        if len(rows):
-            _add_span(plan, file, fmt.name, (0, 1, 0), None, rows, preparer)
-        return
     while cur := list(itertools.islice(pending, block_rows)):
         first, rows = cur[0], np.fromiter((ln.row for ln in cur), np.int64, len(cur))
         start = (first.byte, first.line, first.row)
