@@ -45,6 +45,22 @@ def test_jsonl_bad_lines_are_errors_and_neighbours_survive(tmp_path):
     assert got[-1].values == {"id": "c", "prompt": "z"}
 
 
+@pytest.mark.parametrize("indent", [2, None])  # an array over many lines, or on one
+def test_a_json_array_file_is_refused_with_how_to_make_it_json_lines(tmp_path, indent):
+    rows = [{"id": f"a{i}", "prompt": f"p{i}"} for i in range(3)]
+    (tmp_path / "data.json").write_text(json.dumps(rows, indent=indent))
+    with pytest.raises(InputDataError, match=r"data.json: holds a JSON array, not JSON Lines") as e:
+        list(read_rows(str(tmp_path / "data.json")))
+    assert "jq -c '.[]' data.json > data.jsonl" in str(e.value)
+
+
+def test_an_array_row_among_rows_stays_that_rows_error(tmp_path):
+    (tmp_path / "in.jsonl").write_text('[1, 2]\n{"id": "a", "prompt": "p"}\n')
+    bad, good = read_rows(str(tmp_path / "in.jsonl"))
+    assert isinstance(bad, RowError) and bad.code == "not_an_object"
+    assert isinstance(good, RawRow) and good.values["id"] == "a"
+
+
 def test_csv_keeps_strings_and_line_numbers(tmp_path):
     f = tmp_path / "in.csv"
     f.write_text('id,prompt\n007,"hello, world"\n8,bye\n')

@@ -7,15 +7,40 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
 from jobrunner.formats.columns import infer_schema, json_dumps
-from jobrunner.formats.lines import read_lines
+from jobrunner.formats.lines import iter_lines
+from jobrunner.io.compressed import plain_name
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.types import RowError, RowRef, kind_of
 
 
 def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
-    return read_lines(file, parse_json_line)
+    for ln in iter_lines(file):
+        if ln.row == 0 and ln.raw.lstrip()[:1] == b"[":
+            _refuse_an_array(file, ln.raw)
+        yield parse_json_line(ln.raw, RowRef(file, ln.row, line=ln.line))
+
+
+def _refuse_an_array(file: str, first: bytes) -> None:
+    """A `.json` file is often one JSON array of rows, not JSON Lines: every line of it would
+    be a malformed row. Refused as a whole (65) when its first line opens an array that goes
+    on (it does not parse alone) or is a whole array of objects; an array that is one bad row
+    among rows stays that row's error."""
+    try:
+        value = json.loads(first)
+    except (ValueError, RecursionError):
+        value = None
+    if value is not None and not (
+        isinstance(value, list) and all(isinstance(v, dict) for v in value)
+    ):
+        return
+    name = Path(file).name
+    raise InputDataError(
+        f"{file}: holds a JSON array, not JSON Lines (one object a line): convert it, e.g."
+        f" `jq -c '.[]' {name} > {Path(plain_name(name)).stem}.jsonl`, and run again"
+    )
 
 
 def parse_json_line(raw: bytes, ref: RowRef) -> Item:
