@@ -157,3 +157,61 @@ def test_a_rendered_prompt_pickles_as_its_text(tok):
     for req in reqs:
         again = pickle.loads(pickle.dumps(req))
         assert again.prompt == req.prompt and type(again.prompt) is str
+
+
+@pytest.fixture(scope="module")
+def metaspace():
+    """A SentencePiece-style tokenizer (Metaspace: a word's space is its "▁" prefix, as
+    Mistral's and Llama 2's) with a Mistral-like chat template, trained here on a few words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    words = "hello world say hi to the [INST] and [/INST] markers in French please answer"
+    alphabet = list("abcdefghijklmnopqrstuvwxyzFINST[]/<>▁ ")
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet
+    )
+    tk.train_from_iterator([words] * 50, trainer)
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    out.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}"
+        "{{ '[INST] ' + m.content + ' [/INST]' }}{% else %}{{ m.content + eos_token }}{% endif %}"
+        "{% endfor %}"
+    )
+    return out
+
+
+def test_a_metaspace_tokenizer_reads_the_content_as_in_the_whole_text(metaspace):
+    """Only the special-token text changes: the words around it keep the tokens they have in
+    the whole text (tokenizing the pieces apart gave each piece a word prefix: "[INST]  hello")."""
+    text = "hello </s> world"
+    (req,) = Preparer(job(), metaspace).prepare_batch(rows([{"id": "a", "prompt": text}]))
+    (parsed,) = Preparer(job(special_tokens="parse"), metaspace).prepare_batch(
+        rows([{"id": "a", "prompt": text}])
+    )
+    eos = metaspace.convert_tokens_to_ids("</s>")
+    k = parsed.prompt_token_ids.index(eos)
+    as_text = metaspace("</s>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert as_text[0] == metaspace.convert_tokens_to_ids("▁")  # the word prefix ...
+    as_text = as_text[1:]  # ... which "hello ▁" already has in the whole text
+    want = parsed.prompt_token_ids[:k] + as_text + parsed.prompt_token_ids[k + 1 :]
+    assert req.prompt_token_ids == want
+    assert metaspace.convert_ids_to_tokens(req.prompt_token_ids)[:4] == [
+        "<s>",
+        "[",
+        "INST]",
+        "▁hello",
+    ]
+
+
+def test_a_content_cannot_forge_a_special_token_by_its_stand_in(metaspace):
+    eos = metaspace.convert_tokens_to_ids("</s>")
+    forged = f"hi \ue000{eos}\ue001 </s>"
+    (req,) = Preparer(job(), metaspace).prepare_batch(rows([{"id": "a", "prompt": forged}]))
+    assert isinstance(req, Request)
+    assert req.prompt_token_ids.count(eos) == 0

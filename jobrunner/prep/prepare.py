@@ -19,7 +19,7 @@ from jobrunner.io.compressed import plain_name
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.prep.render import Framed, PromptRenderer, RenderError, Segmented
-from jobrunner.prep.tokens import TextEncoder, pieces_ids
+from jobrunner.prep.tokens import SegmentEncoder, TextEncoder
 from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
 from jobrunner.types import Request, RowError, RowRef, SamplingParams, kind_of
 
@@ -184,7 +184,7 @@ class Preparer:
         whole = [k for k, t in enumerate(texts) if not isinstance(t, Segmented)]
         out: list[list[int]] = [[] for _ in texts]
         if parts:
-            encoded = pieces_ids(self.tokenizer, [texts[k].pieces for k in parts])
+            encoded = self.segments.encode([texts[k].pieces for k in parts])
             for k, ids in zip(parts, encoded, strict=True):
                 out[k] = ids
         if whole:
@@ -197,6 +197,11 @@ class Preparer:
     def encoder(self) -> TextEncoder:
         """The tokenizer's batch call, or its cached byte-level form (prep/tokens.py)."""
         return TextEncoder(self.tokenizer)
+
+    @functools.cached_property
+    def segments(self) -> SegmentEncoder:
+        """Chat text whose contents hold special-token text, tokenized whole (prep/tokens.py)."""
+        return SegmentEncoder(self.tokenizer)
 
     # ------------------------------------------------------------------ per row
 

@@ -195,7 +195,9 @@ def _specials_add_nothing(tokenizer: Any) -> bool:
 def pieces_ids(tokenizer: Any, texts: list[tuple[tuple[str, bool], ...]]) -> list[list[int]]:
     """Token ids of texts made of (piece, content) pairs: a template's piece with its special
     tokens read as such, a content piece with special-token text read as its characters
-    (`split_special_tokens`); one batch call for each kind over every text."""
+    (`split_special_tokens`); one batch call for each kind over every text. Pieces are
+    tokenized apart: across a boundary inside a run of text this can differ from the whole
+    text's tokens (a SentencePiece tokenizer's word prefix): SegmentEncoder avoids it."""
     flat = [(k, piece, content) for k, pieces in enumerate(texts) for piece, content in pieces]
     ids: dict[int, list[int]] = {}
     for content in (False, True):
@@ -209,3 +211,86 @@ def pieces_ids(tokenizer: Any, texts: list[tuple[tuple[str, bool], ...]]) -> lis
     for j, (k, _, _) in enumerate(flat):
         out[k] += ids[j]
     return out
+
+
+MARK = "\ue000{}\ue001"  # a special token's stand-in (private-use characters around its id)
+
+
+class SegmentEncoder:
+    """Token ids of (piece, content) texts (pieces_ids) as the tokenizer reads the whole text,
+    only the special-token text inside content read as characters: a copy of the fast
+    tokenizer whose special tokens are matched by a stand-in (MARK) instead of their text
+    encodes the text with the template's special tokens written as stand-ins. Tokenizing the
+    pieces apart adds a word prefix (SentencePiece's "▁") at every boundary: "[INST]  hi".
+    A tokenizer this cannot copy, or a content holding a stand-in's character, gets
+    pieces_ids."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        copied = _marked_copy(tokenizer)
+        self.backend, self.marks = copied if copied else (None, {})
+        by_length = sorted(self.marks, key=len, reverse=True)  # the longest text first
+        self.pattern = re.compile("|".join(map(re.escape, by_length)))
+
+    def encode(self, texts: list[tuple[tuple[str, bool], ...]]) -> list[list[int]]:
+        if self.backend is None:
+            return pieces_ids(self.tokenizer, texts)
+        marked = [k for k, t in enumerate(texts) if not _holds_mark(t)]
+        rest = [k for k, t in enumerate(texts) if _holds_mark(t)]
+        out: list[list[int]] = [[] for _ in texts]
+        if marked:
+            joined = [self._joined(texts[k]) for k in marked]
+            encoded = self.backend.encode_batch(joined, add_special_tokens=False)
+            for k, enc in zip(marked, encoded, strict=True):
+                out[k] = list(enc.ids)
+        if rest:
+            for k, ids in zip(
+                rest, pieces_ids(self.tokenizer, [texts[k] for k in rest]), strict=True
+            ):
+                out[k] = ids
+        return out
+
+    def _joined(self, pieces: tuple[tuple[str, bool], ...]) -> str:
+        """The text, the template's special tokens written as their stand-ins."""
+        mark = self.marks.__getitem__
+        return "".join(
+            p if content else self.pattern.sub(lambda m: mark(m.group()), p)
+            for p, content in pieces
+        )
+
+
+def _holds_mark(pieces: tuple[tuple[str, bool], ...]) -> bool:
+    """A content that holds a stand-in's character could forge a special token with it."""
+    return any(content and "\ue000" in p for p, content in pieces)
+
+
+def _marked_copy(tokenizer: Any) -> tuple[Any, dict[str, str]] | None:
+    """(the fast tokenizer's backend with each special token's text replaced by its MARK, in
+    its added tokens and its model's vocabulary so that the ids stay; special text -> MARK), or
+    None where it cannot be copied so (a slow tokenizer, a vocabulary of another shape, two
+    special tokens of one text) or the copy's marks do not encode to their ids."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        return None
+    from tokenizers import Tokenizer
+
+    data = json.loads(backend.to_str())
+    data["truncation"] = data["padding"] = None  # the caller's call sets these, per call
+    vocab = (data.get("model") or {}).get("vocab")
+    specials = [t for t in data.get("added_tokens", []) if t.get("special") and t.get("content")]
+    marks = {t["content"]: MARK.format(t["id"]) for t in specials}
+    if not marks or len(marks) != len(specials):
+        return None
+    for t in specials:
+        mark, i = marks[t["content"]], t["id"]
+        if isinstance(vocab, dict) and vocab.get(t["content"]) == i:
+            vocab[mark] = vocab.pop(t["content"])
+        elif isinstance(vocab, list) and i < len(vocab) and vocab[i][0] == t["content"]:
+            vocab[i] = [mark, *vocab[i][1:]]  # Unigram: [piece, score]
+        t["content"] = mark
+    try:
+        copy = Tokenizer.from_str(json.dumps(data))
+    except Exception:  # a tokenizer file this version of tokenizers reads otherwise
+        return None
+    got = [e.ids for e in copy.encode_batch(list(marks.values()), add_special_tokens=False)]
+    return (copy, marks) if got == [[t["id"]] for t in specials] else None
