@@ -25,7 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from jobrunner.errors import ConfigError
+from jobrunner.errors import ConfigError, InputDataError
+from jobrunner.io.compressed import data_suffix, open_input
 from jobrunner.structured.spec import SpecError, generation_spec
 
 
@@ -449,17 +450,18 @@ def _resolve_path(value: str, base: Path, is_model: bool) -> str | None:
 
 def _embeddings_batch(section: Any, base: Path) -> bool:
     """The input is an OpenAI batch file whose first line asks for /v1/embeddings (a relative
-    path read from `base`, as _resolve_paths will resolve it)."""
+    path read from `base`, as _resolve_paths will resolve it; a compressed one as the text it
+    holds, as the reader reads it)."""
     section = section if isinstance(section, dict) else {}
     path = str(section.get("path") or "")
     fmt = section.get("format", "auto")
-    if fmt != "openai-batch" and not (fmt == "auto" and path.endswith(".jsonl")):
+    if fmt != "openai-batch" and not (fmt == "auto" and data_suffix(path) == ".jsonl"):
         return False
     try:
-        with open(base / Path(path).expanduser(), encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "")
+        with open_input(str(base / Path(path).expanduser())) as f:
+            first = next((line for line in f if line.strip()), b"")
         return json.loads(first).get("url") == "/v1/embeddings"
-    except (OSError, ValueError, AttributeError, RecursionError):
+    except (OSError, ValueError, AttributeError, RecursionError, InputDataError):
         return False  # not a batch line: the reader names the row's fault
 
 

@@ -140,6 +140,22 @@ def test_auto_format_reads_the_suffix_under_the_codecs(tmp_path):
     assert [r.values for r in read_rows(str(bare), "jsonl")] == [{"prompt": "x"}]
 
 
+@pytest.mark.parametrize("fmt", ["auto", "openai-batch"])
+def test_a_compressed_embeddings_batch_file_is_an_embed_job_as_the_plain_one(tmp_path, fmt):
+    """/v1/embeddings lines imply `task: embed`; read compressed, they did not, and every line
+    failed as an unknown endpoint of a generate job."""
+    from jobrunner.config import load_job
+
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
+    plain = tmp_path / "batch.jsonl"
+    plain.write_text(json.dumps(line) + "\n")
+    packed = pack(plain, ".gz", "packed.jsonl.gz")
+    for data in (plain, packed):
+        job = tmp_path / f"{data.name}.yaml"
+        job.write_text(f"input:\n  path: {data.name}\n  format: {fmt}\n")
+        assert load_job(job).task == "embed", data.name
+
+
 @pytest.mark.parametrize(
     ("name", "said"),
     [
