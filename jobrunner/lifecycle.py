@@ -27,7 +27,7 @@ from jobrunner.formats import output_format
 from jobrunner.input_check import InputCheck
 from jobrunner.io.committer import Write, into_rundir
 from jobrunner.io.ids import IdSet
-from jobrunner.io.run_lock import report_lock, run_lock
+from jobrunner.io.run_lock import report_lock, run_lock_where_writable
 from jobrunner.io.rundir import Manifest, RunDir, make_run_dir
 from jobrunner.io.store_rundir import open_rundir
 from jobrunner.resume import check_same_job, open_run, start_run
@@ -153,7 +153,7 @@ def answer_finished(rundir: RunDir, cfg: JobConfig, opts: RunOptions) -> JobSumm
         return None
     check_same_job(rundir, cfg)
     make_run_dir(rundir.path)  # a store run's local staging directory, where the lock is
-    with run_lock(rundir.path):  # what it completes, no other run may be writing meanwhile
+    with run_lock_where_writable(rundir.path):  # no other run may write what it completes
         if not _done(rundir, opts):  # a run that held the lock changed it
             return None
         if not rundir.check_finished(rundir.load_manifest()):

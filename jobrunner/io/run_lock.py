@@ -12,6 +12,7 @@ and is refused (RunLocked, 78) only by another run. Both locks are flocks, both 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -53,6 +54,22 @@ def run_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def run_lock_where_writable(path: Path) -> Iterator[None]:
+    """run_lock, but a directory this process may not write (a read-only mount, another
+    user's results) is read without it: no run of ours can be writing there either, and
+    whatever the caller then fails to write fails as it would have."""
+    try:
+        open(path / LOCK, "a+").close()
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield
+        return
+    with run_lock(path):
+        yield
 
 
 @contextlib.contextmanager
