@@ -25,8 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from jobrunner.errors import ConfigError, InputDataError
-from jobrunner.io.compressed import data_suffix, open_input
+from jobrunner.errors import ConfigError, JobError
+from jobrunner.io.compressed import CODECS, full_suffix, open_input
+from jobrunner.io.readers import find_files
 from jobrunner.structured.spec import SpecError, generation_spec
 
 
@@ -449,20 +450,26 @@ def _resolve_path(value: str, base: Path, is_model: bool) -> str | None:
 
 
 def _embeddings_batch(section: Any, base: Path) -> bool:
-    """The input is an OpenAI batch file whose first line asks for /v1/embeddings (a relative
-    path read from `base`, as _resolve_paths will resolve it; a compressed one as the text it
-    holds, as the reader reads it)."""
+    """The input is OpenAI batch files whose first line asks for /v1/embeddings: the first
+    `.jsonl` file (compressed ones too) the path names, as a file, a directory, a glob or a
+    store prefix (a relative path read from `base`, as _resolve_paths will resolve it)."""
     section = section if isinstance(section, dict) else {}
-    path = str(section.get("path") or "")
-    fmt = section.get("format", "auto")
-    if fmt != "openai-batch" and not (fmt == "auto" and data_suffix(path) == ".jsonl"):
+    path, fmt = str(section.get("path") or ""), section.get("format", "auto")
+    if fmt not in ("auto", "openai-batch") or not path:
         return False
     try:
-        with open_input(str(base / Path(path).expanduser())) as f:
+        where = _resolve_path(path, base, is_model=False) or path
+        files = find_files(where, BATCH_SUFFIXES, quiet=True)
+        if fmt == "auto":  # a file named alone may be of any format
+            files = [f for f in files if full_suffix(f) in BATCH_SUFFIXES]
+        with open_input(files[0]) as f:
             first = next((line for line in f if line.strip()), b"")
         return json.loads(first).get("url") == "/v1/embeddings"
-    except (OSError, ValueError, AttributeError, RecursionError, InputDataError):
-        return False  # not a batch line: the reader names the row's fault
+    except (OSError, ValueError, AttributeError, IndexError, RecursionError, JobError):
+        return False  # no such file, or not a batch line: the readers say what is wrong
+
+
+BATCH_SUFFIXES = {".jsonl", *(f".jsonl{codec}" for codec in CODECS)}  # an OpenAI batch file's
 
 
 def apply_override(data: dict, item: str) -> tuple[str, ...]:

@@ -156,6 +156,26 @@ def test_a_compressed_embeddings_batch_file_is_an_embed_job_as_the_plain_one(tmp
         assert load_job(job).task == "embed", data.name
 
 
+def test_a_directory_or_glob_of_embeddings_batch_files_is_an_embed_job(tmp_path, caplog):
+    """The first batch file a directory, a glob or a store prefix names tells the task, as a
+    file named alone does; a look that names no skipped file (only the input's listing does)."""
+    from jobrunner.config import load_job
+
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "notes.txt").write_text("the user's")
+    pack_text = (json.dumps(line) + "\n").encode()
+    (tmp_path / "in" / "b.jsonl.gz").write_bytes(gzip.compress(pack_text))
+    for path in ("in", "in/*.jsonl.gz"):
+        job = tmp_path / "job.yaml"
+        job.write_text(f"input:\n  path: '{path}'\n")
+        with caplog.at_level("WARNING"):
+            assert load_job(job).task == "embed", path
+    assert "notes.txt" not in caplog.text
+    job.write_text("input:\n  path: in/notes.txt\n")  # another format's file: no guess
+    assert load_job(job).task == "generate"
+
+
 @pytest.mark.parametrize(
     ("name", "said"),
     [

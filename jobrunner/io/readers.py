@@ -40,13 +40,14 @@ class RawRow:
 Item = RawRow | RowError
 
 
-def find_files(path: str, suffixes: Collection[str]) -> list[str]:
+def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> list[str]:
     """The files at `path` in a stable order: a file, the files of a directory with one of
     `suffixes` (compound for compressed files: `.jsonl.gz`), or the files a glob matches.
     Symlinked folders are followed, each folder once (a symlink loop ends there); a file
     reached twice (a link, overlapping matches) is read once; files inside a run directory
     are left out (`identity.outside_run_dirs`). On a store (io.fs): the object, the objects
-    under a prefix with one of `suffixes`, or the objects a glob matches."""
+    under a prefix with one of `suffixes`, or the objects a glob matches. `quiet`: a look
+    that is not the input's listing names no skipped file."""
     path = local_path(path)
     if is_remote(path):
         named = glob.has_magic(path) or _suffix(path) in suffixes
@@ -60,7 +61,8 @@ def find_files(path: str, suffixes: Collection[str]) -> list[str]:
     if p.is_dir():
         every = walk_files(p)
         files = [f for f in every if _suffix(f) in suffixes]
-        _note_skipped(path, [f for f in every if _suffix(f) not in suffixes])
+        if not quiet:
+            _note_skipped(path, [f for f in every if _suffix(f) not in suffixes])
     elif "**" in path:
         files = _recursive_glob(os.path.expanduser(path))
     else:
