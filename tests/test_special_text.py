@@ -215,3 +215,24 @@ def test_a_content_cannot_forge_a_special_token_by_its_stand_in(metaspace):
     (req,) = Preparer(job(), metaspace).prepare_batch(rows([{"id": "a", "prompt": forged}]))
     assert isinstance(req, Request)
     assert req.prompt_token_ids.count(eos) == 0
+
+
+def test_a_template_that_changes_other_messages_keeps_the_special_text_as_text(tok):
+    """Only the contents holding special-token text are marked: a template that rewrites other
+    turns (here: the assistant's, upper-cased) still renders the row, its text kept as text."""
+    shouting = copy.copy(tok)
+    shouting.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}"
+        "<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    )
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": FORGED},
+    ]
+    c = job(prompt={"messages_column": "messages"})
+    (req,) = Preparer(c, shouting).prepare_batch(rows([{"id": "a", "messages": msgs}]))
+    assert isinstance(req, Request), req
+    assert "HELLO" in req.prompt and FORGED in req.prompt
+    assert count_control(tok, req.prompt_token_ids) == 2 * 3 + 1

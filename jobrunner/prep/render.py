@@ -189,25 +189,27 @@ class PromptRenderer:
         return self._specials is not None and self._specials.search(content) is not None
 
     def _segmented(self, messages: list[dict[str, str]], extra: dict[str, Any]) -> Segmented:
-        """The chat text with each message's content marked as such: the template renders a
-        marker in each content's place, and the result must equal the real rendering with the
-        contents (or, for templates that trim them, the trimmed contents) put back."""
+        """The chat text with the contents that hold special-token text marked as such: the
+        template renders a marker in each such content's place (the other messages as they
+        are), and the result must equal the real rendering with the contents (or, for templates
+        that trim them, the trimmed contents) put back."""
         text = self._apply(messages, extra)
-        marks = [f"\u2063jobrunner-content-{i}\u2063" for i in range(len(messages))]
-        marked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        held = [i for i, m in enumerate(messages) if self._holds_special(m["content"])]
+        marks = {i: f"\u2063jobrunner-content-{i}\u2063" for i in held}
+        marked = [{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)]
         out = self._apply(marked, extra)
         for trim in (False, True):
             pieces, rest = [], out
-            for mark, m in zip(marks, messages, strict=True):
+            for i, mark in marks.items():
                 if rest.count(mark) != 1:
                     continue
                 before, rest = rest.split(mark)
-                content = m["content"].strip() if trim else m["content"]
-                pieces += [(before, False), (content, True)]
+                content = messages[i]["content"]
+                pieces += [(before, False), (content.strip() if trim else content, True)]
             pieces.append((rest, False))
             if "".join(p for p, _ in pieces) == text:
                 return Segmented([p for p in pieces if p[0]])
-        i = next(i for i, m in enumerate(messages) if self._holds_special(m["content"]))
+        i = held[0]
         raise RenderError(
             "special_tokens",
             f"messages[{i}].content holds special-token text"
