@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jobrunner.config import load_job
 from jobrunner.errors import EXIT_CONFIG, ConfigError
 from tests.conftest import write_job
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_and_values(tmp_path):
@@ -287,3 +291,11 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
         load_job(job)
     merged = "generation:\n  <<: {seed: 1}\n  seed: 2\n"  # a YAML merge key may be overridden
     assert load_job(write_job(tmp_path / "m.yaml", merged)).generation.seed == 2
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "jobs").glob("*.yaml")))
+def test_every_shipped_job_file_loads(name):
+    """The job files the README points to load as they are (the models are strict: an example
+    written with a value of the wrong type would be refused)."""
+    cfg = load_job(ROOT / "jobs" / name)
+    assert cfg.source_file == str(ROOT / "jobs" / name)
