@@ -97,6 +97,17 @@ def response_format_spec(value: Any, where: str) -> OutputSpec | None:
     return schema_spec(schema, f"{where}.json_schema.schema", name)
 
 
+def text_format_spec(value: Any, where: str) -> OutputSpec | None:
+    """The Responses API's `text.format`: as a response_format, but a json_schema format holds
+    its name, schema and strict beside the type (`{type: json_schema, name, schema}`)."""
+    if not isinstance(value, dict) or value.get("type") != "json_schema":
+        return response_format_spec(value, where)
+    name = value.get("name")
+    if name is not None and not isinstance(name, str):
+        raise SpecError(f"{where}.name must be a string", f"{where}.name")
+    return schema_spec(value.get("schema", {}), f"{where}.schema", name)
+
+
 def schema_spec(schema: Any, where: str, name: str | None = None) -> OutputSpec:
     if isinstance(schema, bool) or not isinstance(schema, dict):
         raise SpecError(f"{where} must be a JSON Schema object", where)

@@ -1,7 +1,8 @@
 """OpenAI Batch API output, in the run directory:
   output.jsonl  one line per succeeded request, shaped like the Batch API's output file:
                 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`
-                with a `chat.completion` or `text_completion` body, or for /v1/embeddings a
+                with a `chat.completion`, `text_completion` or (/v1/responses) `response`
+                body, or for /v1/embeddings a
                 CreateEmbeddingResponse (one line per request, its inputs' rows joined);
   errors.jsonl  one line per failed request: `{"id", "custom_id", "response": null,
                 "error": {"code", "message", "param", "line"}}` plus the usual jobrunner fields
@@ -24,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.formats.openai_batch.embeddings import EMBEDDINGS, EmbeddingLines, embedding_body
-from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
+from jobrunner.formats.openai_batch.read import (
+    CHAT,
+    COMPLETIONS,
+    RESPONSES,
+    BatchLineError,
+    endpoint,
+)
 from jobrunner.io.writers import fsync_dir, fsync_file, write_text_atomic
 from jobrunner.types import RowError
 
@@ -218,7 +225,44 @@ def completion_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, An
     }
 
 
-BODIES = {CHAT: chat_body, COMPLETIONS: completion_body}
+def response_body(rec: dict[str, Any], rid: str, created: int) -> dict[str, Any]:
+    """A Response (openai.types.responses.Response): one assistant message of output_text;
+    `incomplete` with reason max_output_tokens when the answer was cut by length. The request's
+    own settings (instructions, temperature, text, ...) are not echoed: they are null."""
+    c = _choices(rec)[0]
+    status = "incomplete" if c["finish_reason"] == "length" else "completed"
+    text = {"type": "output_text", "text": c["text"], "annotations": []}
+    if c["logprobs"] is not None:
+        text["logprobs"] = chat_logprobs(c["logprobs"])["content"]
+    p, o = rec["prompt_tokens"], rec["completion_tokens"]
+    message = {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant"}
+    return {
+        "id": f"resp_{rid}",
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "error": None,
+        "model": rec["model"],
+        "output": [{**message, "content": [text]}],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": p,
+            # no cache writes are billed locally: zero, for code that reads the field
+            "input_tokens_details": {
+                "cached_tokens": rec["cached_tokens"],
+                "cache_write_tokens": 0,
+            },
+            "output_tokens": o,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": p + o,
+        },
+    }
+
+
+BODIES = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}
 
 
 def output_line(rec: dict[str, Any], salt: str, created: int) -> dict[str, Any]:
@@ -306,7 +350,7 @@ def batch_object(
     """A Batch object (openai.types.Batch) describing the finished job.
 
     `endpoint` is one API endpoint, as a Batch has: that of most succeeded lines (a file may mix
-    chat and completions lines; `metadata.endpoints` then lists each with its count).
+    chat, responses and completions lines; `metadata.endpoints` then lists each with its count).
     `error_file_id` is null when no line failed, as the API has it.
     """
     now = int(time.time())

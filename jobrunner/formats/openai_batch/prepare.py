@@ -1,7 +1,8 @@
 """OpenAI Batch API lines -> Requests: `{"custom_id", "method", "url", "body"}` per line.
 
-`/v1/chat/completions` bodies go through the model's chat template; `/v1/completions` prompts are
-used as raw text (no template). Each line carries its own sampling parameters; a field the body
+`/v1/chat/completions` bodies go through the model's chat template, and so do `/v1/responses`
+bodies (their instructions and input as chat messages, responses.py); `/v1/completions` prompts
+are used as raw text (no template). Each line carries its own sampling parameters; a field the body
 omits takes the job's `generation:` value. Every line ends as one Request or one RowError naming
 its line: unknown endpoints, bad bodies, unsupported options and repeated custom_ids are per-line
 errors, never a job failure. No torch here.
@@ -14,8 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jobrunner.formats.openai_batch import responses
 from jobrunner.formats.openai_batch.custom_ids import FirstLines, duplicate_line
-from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, BatchLineError, endpoint
+from jobrunner.formats.openai_batch.read import (
+    CHAT,
+    COMPLETIONS,
+    RESPONSES,
+    BatchLineError,
+    endpoint,
+)
 from jobrunner.prep.prepare import Preparer, derived_id, place_name
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.structured.spec import OutputSpec, SpecError, response_format_spec, tool_spec
@@ -65,6 +73,8 @@ HONOURED = {
     "stop_token_ids",
 }
 # Any other body field (user, metadata, store, service_tier, ...) is ignored, with one warning.
+# The field a line's prompt came from (a too-long prompt's error names it).
+PROMPT_FIELDS = {CHAT: "body.messages", RESPONSES: "body.input", COMPLETIONS: "body.prompt"}
 
 
 @dataclass
@@ -149,7 +159,7 @@ class OpenAIPreparer(Preparer):
                 row_id,
                 "body.prompt",
             )
-        field = "body.messages" if line.endpoint == CHAT else "body.prompt"
+        field = PROMPT_FIELDS[line.endpoint]
         req = self._request(row_id, raw, line.text, line.token_ids, line.sampling, field)
         if isinstance(req, Request):
             if line.seed is not None:  # OpenAI's seed: same seed and prompt, same sample
@@ -175,7 +185,12 @@ class OpenAIPreparer(Preparer):
                 line.model,
                 self.cfg.model.source,
             )
-        for key in sorted(set(body) - HONOURED - set(UNSUPPORTED) - self._warned):
+        known = (
+            responses.HONOURED | set(responses.UNSUPPORTED)
+            if line.endpoint == RESPONSES
+            else HONOURED | set(UNSUPPORTED)
+        )
+        for key in sorted(set(body) - known - self._warned):
             self._warned.add(key)
             log.warning("%s: body.%s is not used (warned once)", raw.source, key)
 
@@ -192,16 +207,16 @@ def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[
     if url is None:
         raise RenderError(
             "unknown_endpoint",
-            f"url {values.get('url')!r} is not supported (use {CHAT} or {COMPLETIONS})",
+            f"url {values.get('url')!r} is not supported (use {CHAT}, {RESPONSES} or {COMPLETIONS})",
             "url",
         )
     body = values.get("body")
     if not isinstance(body, dict):
         raise RenderError("bad_body", f"body must be a JSON object, got {kind_of(body)}", "body")
+    if url == RESPONSES:
+        return responses_line(body, defaults, chat)
     check_unsupported(body)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RenderError("bad_body", "body.model must be a string", "body.model")
+    model = _model(body)
     sampling, seed = parse_sampling(body, defaults)
     spec = body_spec(body, url)
     if spec is not None:
@@ -211,6 +226,27 @@ def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[
         return Line(url, chat(_messages(body), **tools), sampling, seed, model)
     text, ids = _prompt(body)
     return Line(url, text, sampling, seed, model, ids)
+
+
+def responses_line(
+    body: dict[str, Any], defaults: SamplingParams, chat: Callable[..., str]
+) -> Line:
+    """A /v1/responses body as chat's would be read: its messages through the chat template,
+    one answer (the API has no `n`), text.format as the response_format."""
+    responses.check_fields(body)
+    model = _model(body)
+    max_new = _number(body, "max_output_tokens", int, 1)
+    sampling, seed = parse_sampling(responses.sampling_fields(body, max_new), defaults)
+    spec = responses.text_spec(body)
+    sampling = replace(sampling, n=1, **({"structured": spec} if spec is not None else {}))
+    return Line(RESPONSES, chat(responses.messages(body)), sampling, seed, model)
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RenderError("bad_body", "body.model must be a string", "body.model")
+    return model
 
 
 def body_spec(body: dict[str, Any], url: str) -> OutputSpec | None:

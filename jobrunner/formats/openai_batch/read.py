@@ -16,10 +16,12 @@ from jobrunner.types import RowError, RowRef
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 # Azure OpenAI's batch files name the endpoints without the version prefix.
 ALIASES = {
     CHAT: CHAT,
     COMPLETIONS: COMPLETIONS,
+    RESPONSES: RESPONSES,
     "/chat/completions": CHAT,
     "/completions": COMPLETIONS,
 }
@@ -33,7 +35,7 @@ class BatchLineError(RowError):
 
 
 def endpoint(url: Any) -> str | None:
-    """The endpoint a line's url names (CHAT or COMPLETIONS), or None when it names neither."""
+    """The endpoint a line's url names (CHAT, COMPLETIONS or RESPONSES), or None."""
     return ALIASES.get(url) if isinstance(url, str) else None
 
 
