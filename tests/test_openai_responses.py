@@ -69,6 +69,7 @@ def test_instructions_and_input_items_are_chat_messages():
     spec = parse_line(line("c", RESP, resp("x", text={"format": fmt})), DEFAULTS, render)
     assert spec.sampling.structured.kind == "json_schema"
     assert json.loads(spec.sampling.structured.source) == SCHEMA
+    assert spec.sampling.structured.where == "body.text.format.schema"  # a bad_schema's field
     scored = parse_line(
         line("d", RESP, resp("x", include=["message.output_text.logprobs"], top_logprobs=2)),
         DEFAULTS,
