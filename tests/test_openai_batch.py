@@ -15,8 +15,9 @@ from jobrunner.cli import app
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.static import sampling_groups
 from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats.openai_batch.body import parse_line
 from jobrunner.formats.openai_batch.output import error_record, output_line
-from jobrunner.formats.openai_batch.prepare import OpenAIPreparer, parse_line
+from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
 from jobrunner.formats.openai_batch.read import BatchLineError
 from jobrunner.prep.render import RenderError
 from jobrunner.resume import scan_ids

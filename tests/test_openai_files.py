@@ -18,8 +18,8 @@ from jobrunner.config import JobConfig
 from jobrunner.errors import ConfigError
 from jobrunner.formats import make_preparer, read_rows
 from jobrunner.formats.jsonl import parse_json_line
+from jobrunner.formats.openai_batch.body import parse_line
 from jobrunner.formats.openai_batch.output import error_record
-from jobrunner.formats.openai_batch.prepare import parse_line
 from jobrunner.prep.render import RenderError
 from jobrunner.types import Request, RowError, RowRef, SamplingParams
 from tests.conftest import write_job

@@ -14,8 +14,8 @@ from openai.types.responses import Response
 
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats.openai_batch.body import parse_line
 from jobrunner.formats.openai_batch.output import output_line
-from jobrunner.formats.openai_batch.prepare import parse_line
 from jobrunner.prep.render import RenderError
 from jobrunner.types import SamplingParams
 from tests.test_openai_batch import CHAT, line, read_jsonl, run_cli, write_lines
