@@ -12,10 +12,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobrunner.formats.openai_batch import responses
-from jobrunner.formats.openai_batch.read import CHAT, COMPLETIONS, RESPONSES, endpoint
+from jobrunner.formats.openai_batch.read import (
+    CHAT,
+    COMPLETIONS,
+    RESPONSES,
+    body_object,
+    check_method,
+    endpoint,
+)
 from jobrunner.prep.render import RenderError, validate_messages
 from jobrunner.structured.spec import OutputSpec, SpecError, response_format_spec, tool_spec
-from jobrunner.types import SamplingParams, kind_of
+from jobrunner.types import SamplingParams
 
 # Options that change what a response holds; rejected per line until supported (null, false and
 # the defaults shown are accepted).
@@ -73,9 +80,7 @@ class Line:
 
 def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[..., str]) -> Line:
     """Validate one line and render its prompt. Raises RenderError(code, message, field)."""
-    method = values.get("method", "POST")
-    if method != "POST":
-        raise RenderError("bad_method", f"method must be POST, got {method!r}", "method")
+    check_method(values)
     url = endpoint(values.get("url"))
     if url is None:
         raise RenderError(
@@ -83,9 +88,7 @@ def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[
             f"url {values.get('url')!r} is not supported (use {CHAT}, {RESPONSES} or {COMPLETIONS})",
             "url",
         )
-    body = values.get("body")
-    if not isinstance(body, dict):
-        raise RenderError("bad_body", f"body must be a JSON object, got {kind_of(body)}", "body")
+    body = body_object(values)
     if url == RESPONSES:
         return responses_line(body, defaults, chat)
     check_unsupported(body)

@@ -21,10 +21,10 @@ from typing import Any
 from jobrunner.engine.embed.st_files import vector_width
 from jobrunner.formats.openai_batch.custom_ids import duplicate_line
 from jobrunner.formats.openai_batch.prepare import OpenAIPreparer
-from jobrunner.formats.openai_batch.read import BatchLineError
+from jobrunner.formats.openai_batch.read import BatchLineError, body_object, check_method
 from jobrunner.prep.embed import EMBED_SAMPLING, fit_tokens, max_input_tokens, special_span
 from jobrunner.prep.render import RenderError
-from jobrunner.types import Request, RowError, kind_of
+from jobrunner.types import Request, RowError
 
 EMBEDDINGS = "/v1/embeddings"
 MAX_INPUTS = 2048  # inputs per /v1/embeddings request, as the API allows
@@ -139,18 +139,14 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
 
 def parse_embed_line(values: dict[str, Any]) -> EmbedLine:
     """Validate one /v1/embeddings line. Raises RenderError(code, message, field)."""
-    method = values.get("method", "POST")
-    if method != "POST":
-        raise RenderError("bad_method", f"method must be POST, got {method!r}", "method")
+    check_method(values)
     if values.get("url") != EMBEDDINGS:
         raise RenderError(
             "unknown_endpoint",
             f"url {values.get('url')!r}: an embed job (task: embed) answers {EMBEDDINGS} only",
             "url",
         )
-    body = values.get("body")
-    if not isinstance(body, dict):
-        raise RenderError("bad_body", f"body must be a JSON object, got {kind_of(body)}", "body")
+    body = body_object(values)
     fmt = body.get("encoding_format") or "float"
     if fmt not in ENCODINGS:
         raise RenderError(

@@ -12,7 +12,8 @@ from jobrunner.formats.lines import read_lines
 from jobrunner.io.compressed import open_input
 from jobrunner.io.readers import Item
 from jobrunner.prep.prepare import derived_id
-from jobrunner.types import RowError, RowRef
+from jobrunner.prep.render import RenderError
+from jobrunner.types import RowError, RowRef, kind_of
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -37,6 +38,21 @@ class BatchLineError(RowError):
 def endpoint(url: Any) -> str | None:
     """The endpoint a line's url names (CHAT, COMPLETIONS or RESPONSES), or None."""
     return ALIASES.get(url) if isinstance(url, str) else None
+
+
+def check_method(values: dict[str, Any]) -> None:
+    """A batch line is a POST (the API's only method for its endpoints)."""
+    method = values.get("method", "POST")
+    if method != "POST":
+        raise RenderError("bad_method", f"method must be POST, got {method!r}", "method")
+
+
+def body_object(values: dict[str, Any]) -> dict[str, Any]:
+    """The line's body, which must be a JSON object."""
+    body = values.get("body")
+    if not isinstance(body, dict):
+        raise RenderError("bad_body", f"body must be a JSON object, got {kind_of(body)}", "body")
+    return body
 
 
 def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
