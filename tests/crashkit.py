@@ -191,3 +191,22 @@ def reference(engine: str) -> tuple[Path, tuple]:
         assert p.returncode == 0, p.stderr[-3000:]
         _REFERENCE[engine] = (d / "out", comparable(d / "out"))
     return _REFERENCE[engine]
+
+
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+def run_as_nobody(args: list[str], home: Path) -> subprocess.CompletedProcess:
+    """The CLI with `args` as an unprivileged user (the test skips where it cannot be: not
+    root, no setpriv); `home` and the /tmp folders above it are made readable to others."""
+    import shutil
+
+    import pytest
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to run the CLI as an unprivileged user")
+    for p in [home, *home.parents]:
+        if str(p).startswith("/tmp/"):
+            p.chmod(p.stat().st_mode | 0o755)
+    cmd = [*NOBODY, *CLI, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env(HOME=str(home)), cwd="/")

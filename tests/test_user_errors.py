@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from crashkit import CLI, env
+from crashkit import CLI, env, run_as_nobody
 from typer.testing import CliRunner
 
 from jobrunner import errors
@@ -159,20 +159,7 @@ def test_a_fault_in_our_own_conversion_is_not_blamed_on_the_model_files(tmp_path
     assert not isinstance(caught.value, errors.JobError)
 
 
-def as_nobody() -> list[str] | None:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return None
-    return ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-
-
 def test_an_output_directory_we_may_not_write_is_78_with_the_path(tmp_path):
-    prefix = as_nobody()
-    if prefix is None:
-        pytest.skip("needs root to run the CLI as an unprivileged user")
-    tmp_path.chmod(0o755)
-    for p in tmp_path.parents:
-        if str(p).startswith("/tmp/"):
-            p.chmod(p.stat().st_mode | 0o755)
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o755)
     job = job_file(tmp_path, [{"id": "a", "prompt": "x"}])
@@ -181,13 +168,7 @@ def test_an_output_directory_we_may_not_write_is_78_with_the_path(tmp_path):
     job.write_text(json.dumps(data))
     for f in (job, tmp_path / "in.jsonl"):
         f.chmod(0o644)
-    p = subprocess.run(
-        [*prefix, *CLI, "run", str(job)],
-        capture_output=True,
-        text=True,
-        env=env(HOME=str(tmp_path)),
-        cwd="/",
-    )
+    p = run_as_nobody(["run", str(job)], tmp_path)
     assert p.returncode == 78, p.stderr[-2000:]
     err = json.loads(p.stdout.strip().splitlines()[-1])["error"]
     assert str(locked / "out") in err and "permission denied" in err
