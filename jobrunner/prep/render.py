@@ -148,8 +148,6 @@ class PromptRenderer:
         """(before, after) the user text, if the template copies a plain message verbatim:
         probes with leading symbols, inner newlines, braces and markup must render as
         before + probe + after, else every row goes through Jinja."""
-        if not self.use_chat:  # no template to frame with (an embedding model's tokenizer)
-            return None
         marker = "\u2063jobrunner-frame\u2063"
         out = self.chat([{"role": "user", "content": marker}])
         if out.count(marker) != 1:
