@@ -67,7 +67,7 @@ class OpenAIEmbedPreparer(OpenAIPreparer):
                 f" {self._seen.where(taken[0])}; rename one of the two custom_ids"
             )
             return duplicate_line(raw, cid, why)
-        self._remember(ids, raw)
+        self._seen.add(ids, *self._line_of(raw))
         return cid
 
     def result_ids(self, row_id: str, raw) -> list[str]:

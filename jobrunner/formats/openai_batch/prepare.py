@@ -48,18 +48,17 @@ class OpenAIPreparer(Preparer):
                 derived_id(raw.source),
                 "custom_id",
             )
-        if cid in self._seen:
+        first = self._seen.take(cid, *self._line_of(raw))
+        if first is not None:
             why = (
-                f"custom_id {cid!r} is used by an earlier line, {self._seen.where(cid)}"
-                " (custom_ids must be unique)"
+                f"custom_id {cid!r} is used by an earlier line, {first} (custom_ids must be unique)"
             )
             return duplicate_line(raw, cid, why)
-        self._remember([cid], raw)
         return cid
 
-    def _remember(self, ids: list[str], raw) -> None:
-        """`ids` are used, first by `raw`'s line."""
-        self._seen.add(ids, place_name(raw.source.file, self._root), raw.source.line or 0)
+    def _line_of(self, raw) -> tuple[str, int]:
+        """`raw`'s line as FirstLines keeps it: its file named relative to the input root."""
+        return place_name(raw.source.file, self._root), raw.source.line or 0
 
     def prepare_batch(self, items: list) -> list[Request | RowError]:
         out: list[Any] = [self._parse(i) for i in items]
