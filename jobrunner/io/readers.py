@@ -25,7 +25,7 @@ from jobrunner.types import RowError, RowRef
 log = logging.getLogger(__name__)
 
 MAX_SKIPPED_NAMED = 5  # files a directory's skipped-files warning names
-_NOTED: set[tuple[str, int]] = set()  # (directory, files skipped) already warned of
+_NOTED: set[tuple[str, str, int]] = set()  # (what, input path, files skipped) warned of
 
 
 @dataclass
@@ -52,6 +52,7 @@ def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> lis
     if is_remote(path):
         named = glob.has_magic(path) or _suffix(path) in suffixes
         found = [f for f in glob_files(path) if named or _suffix(f) in suffixes]
+        found = _data_files(path, found, suffixes, quiet)
         if not found:
             raise InputDataError(f"input.path: no input files found at {path!r}")
         return found
@@ -59,7 +60,7 @@ def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> lis
     if p.is_file():
         return [str(p)]
     if p.is_dir():
-        every = walk_files(p)
+        every = _data_files(str(p), walk_files(p), suffixes, quiet)
         files = [f for f in every if _suffix(f) in suffixes]
         if not quiet:
             _note_skipped(path, [f for f in every if _suffix(f) not in suffixes])
@@ -67,10 +68,80 @@ def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> lis
         files = _recursive_glob(os.path.expanduser(path))
     else:
         files = [f for f in glob.glob(os.path.expanduser(path)) if os.path.isfile(f)]
+    if not p.is_dir():
+        files = _data_files(os.path.expanduser(path), files, suffixes, quiet)
     files = outside_run_dirs(_once_each(sorted(files)), input_root(path))
     if not files:
         raise InputDataError(f"input.path: no input files found at {path!r}")
     return files
+
+
+def _data_files(path: str, files: list[str], suffixes: Collection[str], quiet: bool) -> list[str]:
+    """`files` less those under a name starting with `.` or `_` below the input root that
+    `path` does not spell out: Spark's `_temporary/` (an unfinished or failed write),
+    `_SUCCESS`, `.crc` checksums, `_metadata`: Spark, Hive, pyarrow and Dask leave them out of
+    a dataset, so reading them would read rows twice. A Hive partition folder (`_c=1`) is data.
+    Input files left out are named in a warning (the markers are not)."""
+    root, spelled = _fixed_root(path), path.split("/")
+    kept, hidden = [], []
+    for f in files:
+        below = _parts_below(f, root)
+        (hidden if any(_hidden(n) and not _spelled(n, spelled) for n in below) else kept).append(f)
+    inputs = [f for f in hidden if _suffix(f) in suffixes]
+    if inputs and not quiet:
+        _note_hidden(path, inputs)
+    return kept
+
+
+def _fixed_root(path: str) -> str:
+    """The input root as `path` spells it: its part before any wildcard."""
+    parts = path.rstrip("/").split("/")
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    return "/".join(parts[:fixed])
+
+
+def _parts_below(file: str, root: str) -> list[str]:
+    """The names of `file`'s path below `root` (none where it is not below it)."""
+    if not is_remote(file):
+        file, root = os.path.normpath(file), os.path.normpath(root or ".")
+    root = root.rstrip("/")
+    if root == ".":
+        return file.split("/")
+    return file[len(root) + 1 :].split("/") if file.startswith(root + "/") else []
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".") or (name.startswith("_") and "=" not in name)
+
+
+def _spelled(name: str, parts: list[str]) -> bool:
+    """Whether input.path names it (`data/_staging/**`) or such names (`.cache*`, `_*`)."""
+    return any(p == name or (glob.has_magic(p) and p.startswith(name[0])) for p in parts)
+
+
+def _note_hidden(path: str, hidden: list[str]) -> None:
+    if _noted("hidden", path, hidden):
+        return
+    root = _fixed_root(path)
+    names = ", ".join("/".join(_parts_below(f, root)) or f for f in hidden[:MAX_SKIPPED_NAMED])
+    more = f" and {len(hidden) - MAX_SKIPPED_NAMED} more" if len(hidden) > MAX_SKIPPED_NAMED else ""
+    log.warning(
+        "input.path %s: %d files under a name starting with '.' or '_' are not read (%s%s):"
+        " a writer's temporary or bookkeeping files (Spark's _temporary/), as Spark, Hive and"
+        " pyarrow read a folder; name such a file or folder in input.path to read it",
+        path,
+        len(hidden),
+        names,
+        more,
+    )
+
+
+def _noted(what: str, path: str, files: list[str]) -> bool:
+    """Whether this warning was given already; notes it."""
+    key = (what, path, len(files))
+    seen = key in _NOTED
+    _NOTED.add(key)
+    return seen
 
 
 def _suffix(file: str) -> str:
@@ -80,9 +151,8 @@ def _suffix(file: str) -> str:
 def _note_skipped(path: str, skipped: list[str]) -> None:
     """A directory's files of no input format are not read: say which, never silently."""
     skipped = outside_run_dirs(sorted(skipped), input_root(path))
-    if not skipped or (path, len(skipped)) in _NOTED:  # input_files runs several times a run
+    if not skipped or _noted("format", path, skipped):  # input_files runs several times a run
         return
-    _NOTED.add((path, len(skipped)))
     packed = sorted({_suffix(f) for f in skipped if Path(f).suffix.lower() in COMPRESSED})
     names = ", ".join(os.path.relpath(f, path) for f in skipped[:MAX_SKIPPED_NAMED])
     more = (

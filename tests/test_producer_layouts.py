@@ -1,0 +1,70 @@
+"""Inputs as other tools write them: Spark's and Dask's folders, pandas' and old Hive's Parquet.
+
+Each case runs through the command line a user types (`validate`, which reads every row).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from jobrunner.cli import app
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    lines = result.stdout.strip().splitlines()
+    return result, json.loads(lines[-1]) if lines else {}
+
+
+def job(tmp_path, path, **input_keys):
+    target = tmp_path / "job.yaml"
+    inp = {"path": str(path), "prompt": {"template": "Say {text}"}, **input_keys}
+    target.write_text(json.dumps({"input": inp, "output": {"path": str(tmp_path / "out")}}))
+    return target
+
+
+def spark_folder(root):
+    """What Spark leaves in a folder it wrote, a failed attempt's file still in _temporary/."""
+    rows = pa.table({"id": [1, 2], "text": ["a", "b"]})
+    root.mkdir()
+    pq.write_table(rows, root / "part-00000-c1.snappy.parquet")
+    attempt = root / "_temporary" / "0" / "_temporary" / "attempt_202401010000_0001_m_000000_1"
+    attempt.mkdir(parents=True)
+    pq.write_table(rows, attempt / "part-00000-c1.snappy.parquet")
+    (root / "_SUCCESS").write_text("")
+    (root / ".part-00000-c1.snappy.parquet.crc").write_bytes(b"crc")
+    (root / "._SUCCESS.crc").write_bytes(b"crc")
+    pq.write_metadata(rows.schema, root / "_common_metadata")
+    (root / ".hidden.parquet").write_bytes(b"not parquet at all")
+
+
+def test_a_spark_folder_is_read_as_spark_reads_it(tmp_path, caplog):
+    data = tmp_path / "data"
+    spark_folder(data)
+    caplog.set_level(logging.WARNING)
+    for path in (data, f"{data}/**/*.parquet", f"{data}/*.parquet"):
+        result, summary = cli("validate", job(tmp_path, path))
+        assert result.exit_code == 0, result.stderr
+        assert summary["valid"] == 2, summary  # not the failed attempt's rows again
+    assert "_temporary/0/_temporary/attempt_202401010000_0001_m_000000_1/part-00000" in caplog.text
+    assert "_SUCCESS" not in caplog.text and ".crc" not in caplog.text  # markers: no warning
+    # derived ids would have made the attempt's rows new rows: each is read once
+    result, summary = cli("validate", job(tmp_path, data, id_column=None))
+    assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
+    # a path that names such a folder reads it
+    result, summary = cli("validate", job(tmp_path, f"{data}/_temporary/**/*.parquet"))
+    assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
+
+
+def test_a_hive_partition_folder_named_with_an_underscore_is_data(tmp_path):
+    data = tmp_path / "data"
+    for part in ("_c0=1", "_c0=2"):
+        (data / part).mkdir(parents=True)
+        pq.write_table(pa.table({"id": [part], "text": ["a"]}), data / part / "part-0.parquet")
+    result, summary = cli("validate", job(tmp_path, data))
+    assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
