@@ -68,3 +68,64 @@ def test_a_hive_partition_folder_named_with_an_underscore_is_data(tmp_path):
         pq.write_table(pa.table({"id": [part], "text": ["a"]}), data / part / "part-0.parquet")
     result, summary = cli("validate", job(tmp_path, data))
     assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
+
+
+def run_job(tmp_path, path, prompt, *args):
+    target = tmp_path / "job.yaml"
+    target.write_text(
+        json.dumps(
+            {
+                "input": {"path": str(path), "prompt": prompt, "max_error_rate": 0.5},
+                "generation": {"max_new_tokens": 2},
+                "output": {"path": str(tmp_path / "out")},
+            }
+        )
+    )
+    return cli("run", target, *args)
+
+
+def test_binary_text_columns_are_their_utf8_text_in_prompts(tmp_path):
+    """Hive, Impala and older Spark write strings as Parquet BINARY: the prompt is the text,
+    never Python's b'...' repr, and bytes that are not UTF-8 fail their row, naming the field."""
+    texts = ["hello there", "général ✓"]
+    as_text, as_binary = tmp_path / "text.parquet", tmp_path / "binary.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "text": texts}), as_text)
+    binary = pa.array([t.encode() for t in texts] + [b"\xff\xfe"], pa.binary())
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": binary}), as_binary)
+    template = {"template": "Say {text}"}
+    _, want = cli("validate", job(tmp_path, as_text))
+    result, got = cli("validate", job(tmp_path, as_binary, max_error_rate=0.5))
+    assert result.exit_code == 0, result.stderr
+    assert got["prompt_tokens"] == want["prompt_tokens"], (got, want)
+    assert "invalid_utf8: " in result.stderr and "row 2: template field {text} is binary" in (
+        result.stderr
+    )
+    result, summary = run_job(tmp_path, as_binary, template)
+    assert result.exit_code == 0, result.stderr
+    assert summary["rows"] == {"succeeded": 2, "failed": 1, "skipped": 0}
+    out = pq.read_table(tmp_path / "out" / "results")
+    assert out.schema.field("text").type == pa.binary()  # the input column keeps its type
+    assert sorted(out.column("text").to_pylist()) == sorted(t.encode() for t in texts)
+    (error,) = [
+        json.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_text().split("\n") if x
+    ]
+    assert (error["id"], error["code"], error["field"], error["row"]) == (
+        "3",
+        "invalid_utf8",
+        "text",
+        2,
+    )
+    result, summary = run_job(tmp_path, as_binary, template)
+    assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr
+
+
+def test_a_binary_prompt_column_is_its_utf8_text(tmp_path):
+    data = tmp_path / "binary.parquet"
+    binary = pa.array([b"hello there", b"\xc3"], pa.binary())
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": binary}), data)
+    target = tmp_path / "job.yaml"
+    target.write_text(json.dumps({"input": {"path": str(data), "max_error_rate": 0.5}}))
+    result, summary = cli("validate", target)
+    assert result.exit_code == 0 and summary["valid"] == 1, result.stderr
+    assert "invalid_utf8: " in result.stderr
+    assert "row 1: the prompt column 'prompt' is binary and not UTF-8 text" in result.stderr

@@ -223,6 +223,8 @@ class PromptRenderer:
         v = values[column]
         if v is None:
             raise RenderError("empty_prompt", f"the prompt column {column!r} is null", column)
+        if isinstance(v, BYTES):
+            return binary_text(v, f"the prompt column {column!r}", column)
         if not isinstance(v, str):
             raise RenderError("bad_type", f"{column!r} must be a string, got {kind_of(v)}", column)
         return v
@@ -243,8 +245,9 @@ class PromptRenderer:
                 f" {self.cfg.max_prompt_chars:,}",
                 self.fields[0],
             )
+        fields = {f: _field_value(values[f], f) for f in self.fields}
         try:
-            return self.cfg.prompt.template.format_map({f: values[f] for f in self.fields})
+            return self.cfg.prompt.template.format_map(fields)
         except (ValueError, TypeError, OverflowError) as e:
             raise RenderError(
                 "bad_format",
@@ -259,7 +262,7 @@ class PromptRenderer:
             if name is None:
                 continue
             try:
-                format(fmt.convert_field(values[name], conv), spec or "")
+                format(fmt.convert_field(_field_value(values[name], name), conv), spec or "")
             except (ValueError, TypeError, OverflowError):
                 return name
         return None
@@ -278,6 +281,25 @@ class PromptRenderer:
                     "bad_type", f"{column!r}: not a JSON list of messages", column
                 ) from e
         return validate_messages(msgs, column)
+
+
+BYTES = (bytes, bytearray, memoryview)
+
+
+def binary_text(v: bytes | bytearray | memoryview, what: str, field: str) -> str:
+    """A binary value as the UTF-8 text it holds: Hive, Impala and older Spark write string
+    columns as Parquet BINARY without the UTF8 annotation, so they arrive as bytes. Bytes that
+    are not UTF-8 fail the row, naming the field: never their Python repr (b'...')."""
+    try:
+        return bytes(v).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RenderError(
+            "invalid_utf8", f"{what} is binary and not UTF-8 text (byte {e.start})", field
+        ) from e
+
+
+def _field_value(v: Any, field: str) -> Any:
+    return binary_text(v, f"template field {{{field}}}", field) if isinstance(v, BYTES) else v
 
 
 def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str]]:
