@@ -19,6 +19,7 @@ from jobrunner.formats import detect_format, input_format
 from jobrunner.io.compressed import plain_name
 from jobrunner.io.readers import RawRow
 from jobrunner.io.writers import check_file_target
+from jobrunner.prep.render import nameable
 
 SAMPLE_ROWS = 100
 ID_NAMES = ("id", "custom_id", "uuid", "key", "row_id", "doc_id")
@@ -79,7 +80,7 @@ def propose(rows: list[dict[str, Any]]) -> tuple[str | None, dict[str, str]]:
     for name in PROMPT_NAMES:
         if name in lower and _is_text(rows, lower[name]):
             return id_col, {"column": lower[name]}
-    text_cols = [c for c in cols if c != id_col and c.isidentifier() and _is_text(rows, c)]
+    text_cols = [c for c in cols if c != id_col and nameable(c) and _is_text(rows, c)]
     if not text_cols:
         raise ConfigError(
             f"no text column to make a prompt from (columns: {', '.join(cols)});"

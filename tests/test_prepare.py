@@ -97,11 +97,22 @@ def test_row_seed_depends_on_row_and_job_seed_only():
     assert len({row_seed(0, "a"), row_seed(0, "b"), row_seed(1, "a")}) == 3
 
 
-def test_template_rejects_code_like_fields():
+def test_template_fields_name_columns_whole_and_run_no_code(tokenizer):
     assert template_fields("x {a} {b}") == ["a", "b"]
-    for bad in ("{a.__class__}", "{a[0]}", "{}"):
-        with pytest.raises(RenderError):
-            template_fields(bad)
+    assert template_fields("{a.__class__} {a[0]} {Review Text}") == [
+        "a.__class__",
+        "a[0]",
+        "Review Text",
+    ]
+    with pytest.raises(RenderError):
+        template_fields("{}")
+    c = cfg(prompt={"template": "{a.__class__}|{a[0]}|{Review Text!r:>6}|{{a}}"})
+    c.input.use_chat_template = False
+    values = {"id": "1", "a": "xyz", "a.__class__": "k", "a[0]": "i", "Review Text": "ok"}
+    (req,) = Preparer(c, tokenizer).prepare_batch([raw(values)])
+    assert req.prompt == "k|i|  'ok'|{a}"  # each column's own value: no attribute, no index
+    (err,) = Preparer(c, tokenizer).prepare_batch([raw({"id": "1", "a": "xyz"})])
+    assert isinstance(err, RowError) and err.code == "missing_field"
 
 
 def test_the_dedup_key_tells_apart_rows_differing_in_any_sampling_field():

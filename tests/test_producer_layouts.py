@@ -129,3 +129,36 @@ def test_a_binary_prompt_column_is_its_utf8_text(tmp_path):
     assert result.exit_code == 0 and summary["valid"] == 1, result.stderr
     assert "invalid_utf8: " in result.stderr
     assert "row 1: the prompt column 'prompt' is binary and not UTF-8 text" in result.stderr
+
+
+def test_init_on_pandas_columns_with_spaces_and_dots_writes_a_job_that_runs(tmp_path):
+    """Spreadsheet and Kaggle exports name columns `Review Text`; pandas adds its index and
+    writes Categoricals as dictionaries. `init` makes a template over them that runs, and the
+    results keep every input column."""
+    import pandas as pd
+
+    df = pd.DataFrame(
+        {
+            "Review Text": ["Soft fabric.", "Too small."],
+            "user.name": ["ann", "bob"],
+            "Department": pd.Categorical(["Tops", "Dresses"]),
+        },
+        index=[7, 9],
+    )
+    data = tmp_path / "reviews.parquet"
+    df.to_parquet(data)
+    result, _ = cli("init", data)
+    assert result.exit_code == 0, result.stderr
+    target = tmp_path / "reviews.yaml"
+    assert "{Review Text}" in target.read_text() and "{user.name}" in target.read_text()
+    args = ("--set", "generation.max_new_tokens=2", "--set", "engine.max_num_seqs=2")
+    result, summary = cli("run", target, *args)
+    assert result.exit_code == 0, result.stderr
+    assert summary["rows"] == {"succeeded": 2, "failed": 0, "skipped": 0}
+    out = pq.read_table(tmp_path / "out" / "reviews" / "results").sort_by("__index_level_0__")
+    assert out.column("Review Text").to_pylist() == ["Soft fabric.", "Too small."]
+    assert out.column("user.name").to_pylist() == ["ann", "bob"]
+    assert out.column("Department").to_pylist() == ["Tops", "Dresses"]
+    assert out.column("__index_level_0__").to_pylist() == [7, 9]
+    result, summary = cli("run", target, *args)
+    assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr

@@ -28,8 +28,10 @@ MAX_SPEC_NUMBER = 10_000  # a width or precision past this is refused (one row, 
 
 
 def template_fields(template: str) -> list[str]:
-    """The column names a template uses; rejects `{a.b}`, `{a[0]}`, positional `{}`, nested
-    fields in a format spec and widths or precisions over MAX_SPEC_NUMBER."""
+    """The column names a template uses, each field's name taken whole (`{Review Text}`,
+    `{user.name}`, `{a[0]}` name such columns: no attribute or index is ever looked up);
+    rejects positional `{}`, nested fields in a format spec and widths or precisions over
+    MAX_SPEC_NUMBER."""
     names = []
     try:
         parsed = list(string.Formatter().parse(template))
@@ -38,8 +40,8 @@ def template_fields(template: str) -> list[str]:
     for _, name, spec, _ in parsed:
         if name is None:
             continue
-        if not name.isidentifier():
-            raise RenderError("bad_template", f"template field {{{name}}}: use plain column names")
+        if not name:
+            raise RenderError("bad_template", "template field {}: name a column, as {text}")
         if spec and "{" in spec:
             raise RenderError("bad_template", f"template field {{{name}:{spec}}}: nested fields")
         big = [n for n in re.findall(r"\d+", spec or "") if int(n) > MAX_SPEC_NUMBER]
@@ -51,6 +53,27 @@ def template_fields(template: str) -> list[str]:
             )
         names.append(name)
     return names
+
+
+def nameable(column: str) -> bool:
+    """Whether a template field `{column}` names this column (not one holding `:`, `!`, `{`)."""
+    try:
+        return template_fields("{" + column + "}") == [column]
+    except RenderError:
+        return False
+
+
+def aliased_template(template: str, fields: list[str]) -> str:
+    """The template with its i-th distinct field named `c<i>`, for str.format_map, which would
+    read `{a.b}` as an attribute of `a` and `{a[0]}` as an index: `render` maps the aliases to
+    the columns' values."""
+    alias = {name: f"c{i}" for i, name in enumerate(dict.fromkeys(fields))}
+    out = []
+    for literal, name, spec, conv in string.Formatter().parse(template):
+        out.append(literal.replace("{", "{{").replace("}", "}}"))
+        if name is not None:
+            out.append("{" + alias[name] + (f"!{conv}" if conv else "") + f":{spec or ''}}}")
+    return "".join(out)
 
 
 # Texts a template that inspects message content (trims, or branches on a prefix) renders
@@ -101,6 +124,8 @@ class PromptRenderer:
             self.fields = template_fields(cfg.prompt.template) if cfg.prompt.template else []
         except RenderError as e:  # the job's template, not a row: a configuration error
             raise ConfigError(f"input.prompt.template: {e}") from e
+        self.columns = list(dict.fromkeys(self.fields))  # field c<i> of the aliased template
+        self.aliased = aliased_template(cfg.prompt.template or "", self.fields)
 
     @property
     def adds_special_tokens(self) -> bool:
@@ -245,9 +270,9 @@ class PromptRenderer:
                 f" {self.cfg.max_prompt_chars:,}",
                 self.fields[0],
             )
-        fields = {f: _field_value(values[f], f) for f in self.fields}
+        fields = {f"c{i}": _field_value(values[f], f) for i, f in enumerate(self.columns)}
         try:
-            return self.cfg.prompt.template.format_map(fields)
+            return self.aliased.format_map(fields)
         except (ValueError, TypeError, OverflowError) as e:
             raise RenderError(
                 "bad_format",
