@@ -19,7 +19,7 @@ from jobrunner.formats import detect_format, input_format
 from jobrunner.io.compressed import plain_name
 from jobrunner.io.readers import RawRow
 from jobrunner.io.writers import check_file_target
-from jobrunner.prep.render import nameable
+from jobrunner.prep.render import BYTES, nameable
 
 SAMPLE_ROWS = 100
 ID_NAMES = ("id", "custom_id", "uuid", "key", "row_id", "doc_id")
@@ -99,8 +99,20 @@ def _unique(rows: list[dict[str, Any]], col: str) -> bool:
 
 
 def _is_text(rows: list[dict[str, Any]], col: str) -> bool:
+    """Strings, or bytes of UTF-8 text (Hive's and Impala's Parquet strings), which prompts
+    read as text (render.binary_text)."""
     values = [r.get(col) for r in rows if r.get(col) is not None]
-    return bool(values) and all(isinstance(v, str) for v in values)
+    return bool(values) and all(isinstance(v, str) or _utf8(v) for v in values)
+
+
+def _utf8(v: Any) -> bool:
+    if not isinstance(v, BYTES):
+        return False
+    try:
+        bytes(v).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _is_messages(v: Any) -> bool:

@@ -162,3 +162,14 @@ def test_init_on_pandas_columns_with_spaces_and_dots_writes_a_job_that_runs(tmp_
     assert out.column("__index_level_0__").to_pylist() == [7, 9]
     result, summary = cli("run", target, *args)
     assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr
+
+
+def test_init_takes_a_binary_text_column_for_the_prompt(tmp_path):
+    data = tmp_path / "hive.parquet"
+    body = pa.array([b"Soft fabric.", "Trop petit \u2713".encode()], pa.binary())
+    pq.write_table(pa.table({"id": [1, 2], "body": body}), data)
+    result, _ = cli("init", data)
+    assert result.exit_code == 0, result.stderr
+    assert "{body}" in (tmp_path / "hive.yaml").read_text()
+    result, summary = cli("validate", tmp_path / "hive.yaml")
+    assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
