@@ -173,3 +173,18 @@ def test_init_takes_a_binary_text_column_for_the_prompt(tmp_path):
     assert "{body}" in (tmp_path / "hive.yaml").read_text()
     result, summary = cli("validate", tmp_path / "hive.yaml")
     assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
+
+
+def test_a_hive_partition_key_named_as_a_column_is_78_saying_what_it_is(tmp_path):
+    data = tmp_path / "data"
+    for day in ("2024-01-01", "2024-01-02"):
+        (data / f"date={day}").mkdir(parents=True)
+        pq.write_table(pa.table({"text": ["a"]}), data / f"date={day}" / "part-0.parquet")
+    target = job(tmp_path, data, id_column=None)
+    target.write_text(target.read_text().replace("Say {text}", "Say {text} on {date}"))
+    result, summary = cli("validate", target)
+    assert result.exit_code == 78, result.stderr
+    (line,) = summary["error"].splitlines()  # once, not once per partition folder
+    assert (
+        "template field {date} is not a column; columns: text; date is a Hive partition key" in line
+    )

@@ -89,7 +89,7 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
         derive = "; or input.id_column: null makes ids of the file name and row number"
         wanted.append(("input.id_column", "the id column", inp.id_column, derive))
     out = [
-        f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols)}{tail}"
+        f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols, found.file)}{tail}"
         for key, what, name, tail in wanted
         if name and name not in cols
     ]
@@ -100,14 +100,20 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
             return [*out, f"input.prompt.template: {e}"]
         out += [
             f"input.prompt.template: template field {{{f}}} is not a column;"
-            f" {_columns_hint(f, cols)}"
+            f" {_columns_hint(f, cols, found.file)}"
             for f in dict.fromkeys(fields)
             if f not in cols
         ]
     return out
 
 
-def _columns_hint(name: str, columns: tuple[str, ...]) -> str:
+def _columns_hint(name: str, columns: tuple[str, ...], file: str) -> str:
     hint = f"columns: {', '.join(columns)}"
+    if any(d.startswith(f"{name}=") for d in file.split("/")[:-1]):  # date=2024-01-01/
+        return (
+            f"{hint}; {name} is a Hive partition key ({name}=... folders): they are not"
+            " read as columns, so write it into the files (with input.id_column: null each"
+            " row's id names its file, folder included)"
+        )
     near = difflib.get_close_matches(name, columns, n=1, cutoff=0.6)
     return f"{hint}; did you mean {near[0]}?" if near else hint
