@@ -188,3 +188,32 @@ def test_a_hive_partition_key_named_as_a_column_is_78_saying_what_it_is(tmp_path
     assert (
         "template field {date} is not a column; columns: text; date is a Hive partition key" in line
     )
+
+
+def test_int96_timestamps_past_2262_keep_their_dates(tmp_path):
+    """Spark, Hive and Impala write timestamps as INT96; a warehouse's open end 9999-12-31
+    stays that date in the results, not a date wrapped round in nanoseconds."""
+    import datetime
+
+    data = tmp_path / "scd.parquet"
+    ends = [datetime.datetime(2024, 5, 1, 12, 30, 0, 123456), datetime.datetime(9999, 12, 31)]
+    table = pa.table(
+        {"id": [1, 2], "text": ["a", "b"], "valid_to": pa.array(ends, pa.timestamp("us"))}
+    )
+    pq.write_table(table, data, use_deprecated_int96_timestamps=True)
+    result, summary = run_job(tmp_path, data, {"template": "Say {text} until {valid_to}"})
+    assert result.exit_code == 0, result.stderr
+    out = pq.read_table(tmp_path / "out" / "results").sort_by("input_id")
+    assert out.column("valid_to").to_pylist() == ends
+
+
+def test_two_parquet_columns_of_one_name_are_65_naming_them(tmp_path):
+    data = tmp_path / "dup.parquet"
+    columns = [pa.array([1, 2]), pa.array(["a", "b"]), pa.array(["c", "d"])]
+    pq.write_table(pa.Table.from_arrays(columns, names=["id", "text", "text"]), data)
+    result, summary = cli("validate", job(tmp_path, data))
+    assert result.exit_code == 65, result.stderr
+    assert summary["error"] == (
+        f"{data}: the column name 'text' is used by 2 columns (a row would keep one of their"
+        " values); rename them apart and run again"
+    )

@@ -97,13 +97,29 @@ def read_parquet_ranges(
 
 
 def open_parquet(file: str) -> Any:
-    """A Parquet file, a local path or a store URL."""
+    """A Parquet file, a local path or a store URL. INT96 timestamps (Spark's, Hive's and
+    Impala's legacy type) are read in microseconds, as Spark reads them: in nanoseconds,
+    pyarrow's default, a date past 2262 (a warehouse's 9999-12-31 'valid to') wraps round to
+    a wrong date without a word."""
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(file if not is_remote(file) else open_file(file))
+        source = file if not is_remote(file) else open_file(file)
+        pf = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
     except Exception as e:  # pyarrow raises several types for a broken file
         raise InputDataError(f"{file}: not a readable Parquet file: {e}") from e
+    _check_names(file, pf.schema_arrow.names)
+    return pf
+
+
+def _check_names(file: str, names: list[str]) -> None:
+    """Two columns of one name (pyarrow writes them) would leave a row one of the values."""
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputDataError(
+            f"{file}: the column name {twice[0]!r} is used by {names.count(twice[0])} columns"
+            " (a row would keep one of their values); rename them apart and run again"
+        )
 
 
 def read_parquet_batches(file: str, batch_rows: int) -> Iterator[Any]:
