@@ -218,3 +218,24 @@ def test_resume_gets_the_committed_ids_as_an_idset(tmp_path):
         rd.commit(m, [{"id": "a", **rec}], [])
     with open_run(RunDir(cfg.output.path, "jsonl"), cfg, RunOptions()) as (m, done, total):
         assert isinstance(done, IdSet) and done == {"a"} and total == 2
+
+
+def test_uuid_ids_are_their_canonical_text_in_the_scan_and_the_preparer(tmp_path):
+    """DuckDB and Iceberg write UUID ids as Parquet's UUID type (pyarrow: arrow.uuid): the
+    vectorized scan, the committed-row skip and the preparer all give str(uuid)."""
+    import uuid
+
+    from jobrunner.input_scan import scan_input
+
+    ids = [uuid.UUID(int=(7 << 120) + i) for i in range(3)] + [uuid.uuid4()]
+    col = pa.array([u.bytes for u in ids], pa.uuid())
+    table = pa.table({"id": col, "prompt": ["p"] * 4})
+    want = [str(u) for u in ids]
+    assert batch_ids(table.to_batches()[0], "f.parquet", 0, "id").to_pylist() == want
+    assert batch_ids(table.slice(1, 2), "f.parquet", 1, "id").to_pylist() == want[1:3]
+    with_null = pa.record_batch({"id": pa.array([ids[0].bytes, None], pa.uuid())})
+    assert batch_ids(with_null, "f.parquet", 0, "id").to_pylist() == [want[0], None]
+    pq.write_table(table, tmp_path / "a.parquet")
+    cfg = _cfg(tmp_path / "a.parquet")
+    assert _scan_like_the_preparer(cfg) == set(want)
+    assert scan_input(cfg, set()).ids == set(want)

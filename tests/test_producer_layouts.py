@@ -217,3 +217,22 @@ def test_two_parquet_columns_of_one_name_are_65_naming_them(tmp_path):
         f"{data}: the column name 'text' is used by 2 columns (a row would keep one of their"
         " values); rename them apart and run again"
     )
+
+
+def test_uuid_ids_run_and_resume(tmp_path):
+    """A UUID id column (DuckDB, Iceberg) runs, keeps its type among the input columns, and a
+    rerun finds every row done."""
+    import uuid
+
+    ids = [uuid.uuid4() for _ in range(3)]
+    data = tmp_path / "duck.parquet"
+    table = pa.table({"id": pa.array([u.bytes for u in ids], pa.uuid()), "text": ["a", "b", "c"]})
+    pq.write_table(table, data)
+    result, summary = run_job(tmp_path, data, {"template": "Say {text}"})
+    assert result.exit_code == 0, result.stderr
+    assert summary["rows"] == {"succeeded": 3, "failed": 0, "skipped": 0}
+    out = pq.read_table(tmp_path / "out" / "results")
+    assert sorted(out.column("id").to_pylist()) == sorted(str(u) for u in ids)
+    assert sorted(out.column("input_id").to_pylist()) == sorted(ids)
+    result, summary = run_job(tmp_path, data, {"template": "Say {text}"})
+    assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr

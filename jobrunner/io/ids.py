@@ -135,6 +135,8 @@ def batch_ids(batch: Any, name: str, first_row: int, id_column: str | None) -> A
     col = batch.column(names.index(id_column))
     if pa.types.is_dictionary(col.type):  # pandas' Categorical: the ids are its values
         col = col.dictionary_decode()
+    if isinstance(col.type, pa.UuidType):
+        return uuid_text(col)
     if str(col.type) not in _TEXT_OR_INT:
         return pa.nulls(batch.num_rows, pa.string())
     text = pc.cast(col, pa.string())
@@ -142,6 +144,29 @@ def batch_ids(batch: Any, name: str, first_row: int, id_column: str | None) -> A
         return text
     blank = pc.equal(pc.utf8_trim_whitespace(text), "")
     return pc.if_else(blank, pa.scalar(None, pa.string()), text)
+
+
+_HEX = np.array([f"{i:02x}".encode() for i in range(256)], "S2")
+_DASHES = (8, 12, 16, 20)  # where the canonical form puts its dashes, in hex digits
+
+
+def uuid_text(col: Any) -> Any:
+    """A UUID column (Parquet's UUID type, as DuckDB and Iceberg write ids) as the canonical
+    text str(uuid.UUID) gives, `1b4e28ba-2fa1-11d2-883f-0016d3cca427`, vectorized."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):  # a table's column (a row group read whole)
+        col = col.combine_chunks()
+    storage = col.storage
+    start = storage.offset * 16
+    raw = np.frombuffer(storage.buffers()[1], np.uint8)[start : start + len(col) * 16]
+    digits = _HEX[raw.reshape(-1, 16)].view(np.uint8).reshape(-1, 32)
+    dash = np.full((len(col), 1), ord("-"), np.uint8)
+    parts = [x for part in np.split(digits, _DASHES, axis=1) for x in (part, dash)][:-1]
+    text = np.ascontiguousarray(np.hstack(parts)).view("S36").ravel()
+    ids = pa.array(text, pa.binary(36)).cast(pa.string())
+    return pc.if_else(col.is_null(), pa.scalar(None, pa.string()), ids)
 
 
 def valid_hashes(ids: Any) -> np.ndarray:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from jobrunner.config import JobConfig
 from jobrunner.io.compressed import plain_name
@@ -266,6 +267,8 @@ class Preparer:
                 None,
                 col,
             )
+        if isinstance(v, UUID):  # Parquet's UUID type (DuckDB, Iceberg): its canonical text
+            return str(v)
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             return RowError(
                 "bad_type",
