@@ -75,3 +75,18 @@ def test_missing_input_says_what_it_resolved_against(tmp_path):
         check_columns(cfg)
     assert str(tmp_path / "data" / "nope.parquet") in str(e.value)
     assert f"relative to the job file's folder, {tmp_path}" in str(e.value)
+
+
+def test_a_named_id_column_must_be_in_every_file(tmp_path):
+    """A file without the id column the job names would derive its ids: still refused, even
+    where other files have it (a template column some files lack is not: its rows fail)."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.csv").write_text("key,body\n1,x\n")
+    (tmp_path / "d" / "b.csv").write_text("body\ny\n")
+    cfg = load_job(
+        write_job(
+            tmp_path / "job.yaml", "input: {path: d, id_column: key, prompt: {column: body}}\n"
+        )
+    )
+    with pytest.raises(ConfigError, match=r"the id column 'key' is not a column.*\(in .*b\.csv\)"):
+        check_columns(cfg)

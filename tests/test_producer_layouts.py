@@ -236,3 +236,34 @@ def test_uuid_ids_run_and_resume(tmp_path):
     assert sorted(out.column("input_id").to_pylist()) == sorted(ids)
     result, summary = run_job(tmp_path, data, {"template": "Say {text}"})
     assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr
+
+
+def test_a_column_added_in_later_files_runs_their_rows_and_fails_the_older_ones(tmp_path, caplog):
+    """A dataset whose schema grew (Spark's mergeSchema reads the older files' rows as null):
+    a template over the new column runs the rows that have it; the older files' rows fail
+    alone, each named, as rows whose value is null do; a named id column stays per file."""
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(
+        pa.table({"id": pa.array([1, 2], pa.int32()), "text": ["a", "b"]}), data / "part-0.parquet"
+    )
+    later = {"id": pa.array([3, 4], pa.int64()), "text": ["c", "d"], "lang": ["en", "fr"]}
+    pq.write_table(pa.table(later), data / "part-1.parquet")
+    caplog.set_level(logging.WARNING)
+    result, summary = run_job(tmp_path, data, {"template": "Say {text} in {lang}"})
+    assert result.exit_code == 0, result.stderr
+    assert summary["rows"] == {"succeeded": 2, "failed": 2, "skipped": 0}
+    assert "column 'lang' is missing from 1 of the 2 input files checked" in caplog.text
+    errors = [json.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["id"], e["code"], e["field"], e["row"]) for e in errors) == [
+        ("1", "missing_field", "lang", 0),
+        ("2", "missing_field", "lang", 1),
+    ]
+    out = pq.read_table(tmp_path / "out" / "results")
+    assert sorted(out.column("lang").to_pylist()) == ["en", "fr"]
+    assert out.schema.field("input_id").type == pa.int64()  # int32 + int64: int64
+    result, summary = run_job(tmp_path, data, {"template": "Say {text} in {lang}"})
+    assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr
+    # a column no file has is still the configuration error it was
+    result, summary = run_job(tmp_path, data, {"template": "Say {text} in {lnag}"})
+    assert result.exit_code == 78 and "template field {lnag} is not a column" in summary["error"]

@@ -37,9 +37,13 @@ def check_columns(cfg: JobConfig) -> list[InputColumns]:
     """Raise ConfigError naming every job column the input lacks; return what was read."""
     seen = [c for c in (file_columns(f, cfg) for f in _files(cfg)[:MAX_FILES]) if c]
     problems: dict[str, str] = {}  # each problem once, with the first file that has it
+    lacking: dict[str, list[str]] = {}  # a column some files have: the files without it
     for found in seen:
-        for p in _problems(cfg, found):
-            problems.setdefault(p, found.file)
+        for name, p in _problems(cfg, found):
+            if name is not None and any(name in f.columns for f in seen):
+                lacking.setdefault(name, []).append(found.file)
+            else:
+                problems.setdefault(p, found.file)
     if problems:
         where = f"{cfg.source_file}: " if cfg.source_file else ""
         raise ConfigError("\n".join(f"{where}{p} (in {f})" for p, f in problems.items()))
@@ -50,7 +54,24 @@ def check_columns(cfg: JobConfig) -> list[InputColumns]:
             " number (set input.id_column to name the id column, or null to say so)",
             col,
         )
+    for name, files in lacking.items():
+        _note_lacking(name, files, len(seen))
     return seen
+
+
+def _note_lacking(name: str, files: list[str], checked: int) -> None:
+    """A column added to later files (a dataset whose schema grew): the rows of the files
+    without it fail alone (missing_field, naming it), as rows whose value is null do."""
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    log.warning(
+        "column %r is missing from %d of the %d input files checked (%s%s): their rows fail"
+        " with missing_field",
+        name,
+        len(files),
+        checked,
+        ", ".join(files[:3]),
+        more,
+    )
 
 
 def file_columns(file: str, cfg: JobConfig) -> InputColumns | None:
@@ -78,7 +99,10 @@ def _names_id(cfg: JobConfig) -> bool:
     return "id_column" in cfg.input.model_fields_set
 
 
-def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
+def _problems(cfg: JobConfig, found: InputColumns) -> list[tuple[str | None, str]]:
+    """(the column, what is wrong) for each job column this file lacks; the column is None
+    where every file must have it (a named id column: a file without it would derive its
+    ids)."""
     inp, cols = cfg.input, found.columns
     wanted = [
         ("input.prompt.column", "the prompt column", inp.prompt.column, ""),
@@ -89,7 +113,10 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
         derive = "; or input.id_column: null makes ids of the file name and row number"
         wanted.append(("input.id_column", "the id column", inp.id_column, derive))
     out = [
-        f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols, found.file)}{tail}"
+        (
+            None if key == "input.id_column" else name,
+            f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols, found.file)}{tail}",
+        )
         for key, what, name, tail in wanted
         if name and name not in cols
     ]
@@ -97,10 +124,13 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[str]:
         try:
             fields = template_fields(inp.prompt.template)
         except RenderError as e:
-            return [*out, f"input.prompt.template: {e}"]
+            return [*out, (None, f"input.prompt.template: {e}")]
         out += [
-            f"input.prompt.template: template field {{{f}}} is not a column;"
-            f" {_columns_hint(f, cols, found.file)}"
+            (
+                f,
+                f"input.prompt.template: template field {{{f}}} is not a column;"
+                f" {_columns_hint(f, cols, found.file)}",
+            )
             for f in dict.fromkeys(fields)
             if f not in cols
         ]
