@@ -113,7 +113,7 @@ def metadata_rows(cfg: JobConfig) -> int | None:
     from jobrunner.formats.parquet import open_parquet
 
     preparer = make_preparer(cfg, tokenizer=None)
-    files = input_files(cfg.input.path)
+    files = input_files(cfg.input.path, cfg.input.format)
     if not all(_vectorized(preparer, detect_format(f, cfg.input.format)) for f in files):
         return None
     if any(detect_format(f, cfg.input.format) != "parquet" for f in files):
@@ -133,7 +133,7 @@ def _files(
     """(file, its name, its pieces, the inference typing its rows as they are read or None)."""
     root = input_root(cfg.input.path)
     preparer = make_preparer(cfg, tokenizer=None)
-    for file in input_files(cfg.input.path):
+    for file in input_files(cfg.input.path, cfg.input.format):
         name = relative_name(file, root)
         if only is not None and name not in only:
             continue
@@ -262,7 +262,7 @@ def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
     places: dict[str, list[str]] = {}
     root = input_root(cfg.input.path)
     preparer = make_preparer(cfg, tokenizer=None)
-    for file in input_files(cfg.input.path):
+    for file in input_files(cfg.input.path, cfg.input.format):
         fmt, name = detect_format(file, cfg.input.format), place_name(file, root)
         if _vectorized(preparer, fmt) and fmt == "parquet":  # CSV: the reader has the lines
             # a Parquet file is never compressed: its derived ids name it as its places do

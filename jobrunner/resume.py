@@ -54,7 +54,7 @@ def job_parts(cfg: JobConfig, previous_input: list | None = None) -> dict:
     """
     parts = cfg.fingerprint_parts()
     prev = None if is_legacy(previous_input) else previous_input
-    files = input_files(cfg.input.path)
+    files = input_files(cfg.input.path, cfg.input.format)
     parts["input"] = file_records(files, input_root(cfg.input.path), prev)
     return json.loads(json.dumps(parts, default=str))
 

@@ -43,7 +43,7 @@ def input_fields(cfg: JobConfig, typed: dict[str, Any] | None = None) -> list | 
     A file in `typed` takes the schema given there, else its format's `schema` reads it."""
     if not cfg.output.keep_input_columns:
         return []
-    files = input_files(cfg.input.path)
+    files = input_files(cfg.input.path, cfg.input.format)
     formats = [input_format(detect_format(f, cfg.input.format)) for f in files]
     if any(fmt.schema is None or fmt.preparer is not None for fmt in formats):
         return None

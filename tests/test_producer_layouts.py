@@ -267,3 +267,28 @@ def test_a_column_added_in_later_files_runs_their_rows_and_fails_the_older_ones(
     # a column no file has is still the configuration error it was
     result, summary = run_job(tmp_path, data, {"template": "Say {text} in {lnag}"})
     assert result.exit_code == 78 and "template field {lnag} is not a column" in summary["error"]
+
+
+def test_a_hive_table_folder_of_files_without_a_suffix_runs_with_input_format(tmp_path, caplog):
+    """Hive names its files 000000_0 and stages writes in .hive-staging_*: with input.format
+    naming the format, the folder's bare files are read and the staging copy is not."""
+    data = tmp_path / "table"
+    staging = data / ".hive-staging_hive_2024-01-01_00-00-00_000_1" / "-ext-10000"
+    staging.mkdir(parents=True)
+    pq.write_table(pa.table({"id": [1, 2], "text": ["a", "b"]}), data / "000000_0")
+    pq.write_table(pa.table({"id": [3], "text": ["c"]}), data / "000001_0")
+    pq.write_table(pa.table({"id": [3], "text": ["c"]}), staging / "000001_0")
+    caplog.set_level(logging.WARNING)
+    result, summary = cli("validate", job(tmp_path, data))
+    assert result.exit_code == 65, result.stderr  # auto: no suffix, no format to read them as
+    assert "are read when input.format names one" in caplog.text
+    target = tmp_path / "job.yaml"
+    body = json.loads(target.read_text())
+    body["input"]["format"] = "parquet"
+    body["generation"] = {"max_new_tokens": 2}
+    target.write_text(json.dumps(body))
+    result, summary = cli("run", target)
+    assert result.exit_code == 0, result.stderr
+    assert summary["rows"] == {"succeeded": 3, "failed": 0, "skipped": 0}
+    result, summary = cli("run", target)
+    assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr

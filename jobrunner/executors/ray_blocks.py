@@ -66,7 +66,7 @@ def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> 
         )
     preparer = make_preparer(cfg, tokenizer=None)
     plan = Plan()
-    for file in input_files(cfg.input.path):
+    for file in input_files(cfg.input.path, cfg.input.format):
         fmt = input_format(detect_format(file, cfg.input.format))
         if fmt.parse_line is not None:
             _line_blocks(plan, file, fmt, preparer, skip_ids, block_rows)
@@ -140,7 +140,7 @@ def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:
     import pyarrow.compute as pc
 
     plan, root = Plan(), input_root(cfg.input.path)
-    for file in input_files(cfg.input.path):
+    for file in input_files(cfg.input.path, cfg.input.format):
         name, cur = derived_name(file, root), []
         for first, batch in iter_id_batches(file, "parquet", cfg.input.id_column):
             ids = batch_ids(batch, name, first, cfg.input.id_column)

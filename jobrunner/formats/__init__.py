@@ -43,12 +43,15 @@ def shard_format(name: str) -> Format:
     return FORMATS.get(output_format(name).shard_format)
 
 
-def input_files(path: str) -> list[str]:
+def input_files(path: str, fmt: str = "auto") -> list[str]:
     """The files a job reads: a file, every file of a known format in a directory (compressed
-    too, where the format is a stream of text: `.jsonl.gz`), a glob."""
+    too, where the format is a stream of text: `.jsonl.gz`), a glob. With a format named
+    (`fmt` not `auto`), a directory's files without a suffix too: Hive names its files
+    `000000_0`."""
     suffixes = {s for f in FORMATS.values() for s in f.suffixes}
     packed = {s + c for f in FORMATS.values() if f.compressed for s in f.suffixes for c in CODECS}
-    return find_files(path, suffixes | packed)
+    bare = {""} if fmt != "auto" else set()
+    return find_files(path, suffixes | packed | bare)
 
 
 def detect_format(file: str, fmt: str) -> str:
@@ -74,12 +77,12 @@ def _by_suffix(file: str) -> str:
 
 def resolve_format(path: str, fmt: str) -> str:
     """The job's input format, with `auto` resolved from the first input file."""
-    return fmt if fmt != "auto" else detect_format(input_files(path)[0], fmt)
+    return fmt if fmt != "auto" else detect_format(input_files(path, fmt)[0], fmt)
 
 
 def read_rows(path: str, fmt: str = "auto", batch_rows: int = 1024) -> Iterator[Item]:
     """Every input row (RawRow) or unparseable row (RowError), file by file, in order."""
-    for file in input_files(path):
+    for file in input_files(path, fmt):
         yield from input_format(detect_format(file, fmt)).read(file, batch_rows)
 
 

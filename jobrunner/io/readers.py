@@ -163,6 +163,8 @@ def _note_skipped(path: str, skipped: list[str]) -> None:
         if packed
         else ""
     )
+    if any(not _suffix(f) for f in skipped):
+        why += "; files without a suffix (Hive's 000000_0) are read when input.format names one"
     log.warning(
         "input.path %s: %d files of no input format are not read (%s%s)%s",
         path,

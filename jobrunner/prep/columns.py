@@ -88,7 +88,7 @@ def file_columns(file: str, cfg: JobConfig) -> InputColumns | None:
 
 def _files(cfg: JobConfig) -> list[str]:
     try:
-        return input_files(cfg.input.path)
+        return input_files(cfg.input.path, cfg.input.format)
     except InputDataError as e:
         note = cfg.paths_base.get("input.path")
         raise InputDataError(f"{e} ({note})" if note else str(e)) from e

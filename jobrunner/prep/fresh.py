@@ -46,7 +46,7 @@ class FreshRows:
         ):
             yield from read_rows(c.path, c.format, c.batch_rows)
             return
-        for file in input_files(c.path):
+        for file in input_files(c.path, c.format):
             yield from self._parquet(file)
 
     def _parquet(self, file: str) -> Iterator[Item]:
