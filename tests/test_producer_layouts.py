@@ -292,3 +292,23 @@ def test_a_hive_table_folder_of_files_without_a_suffix_runs_with_input_format(tm
     assert summary["rows"] == {"succeeded": 3, "failed": 0, "skipped": 0}
     result, summary = cli("run", target)
     assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr
+
+
+def test_chat_messages_as_spark_maps_are_read_as_objects(tmp_path):
+    """Spark writes a message inferred from a Python dict as map<string,string>: the same
+    prompt as a list of structs, and the column keeps its map type in the results."""
+    turns = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]]
+    as_structs, as_maps = tmp_path / "structs.parquet", tmp_path / "maps.parquet"
+    pq.write_table(pa.table({"id": [1], "messages": turns}), as_structs)
+    map_type = pa.list_(pa.map_(pa.string(), pa.string()))
+    maps = pa.array([[list(m.items()) for m in t] for t in turns], map_type)
+    pq.write_table(pa.table({"id": [1], "messages": maps}), as_maps)
+    prompt = {"messages_column": "messages"}
+    _, want = cli("validate", job(tmp_path, as_structs, prompt=prompt))
+    result, got = cli("validate", job(tmp_path, as_maps, prompt=prompt))
+    assert result.exit_code == 0, result.stderr
+    assert got["prompt_tokens"] == want["prompt_tokens"]
+    result, summary = run_job(tmp_path, as_maps, prompt)
+    assert result.exit_code == 0 and summary["rows"]["succeeded"] == 1, result.stderr
+    out = pq.read_table(tmp_path / "out" / "results")
+    assert out.schema.field("messages").type == map_type

@@ -332,6 +332,7 @@ def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str
         raise RenderError("bad_type", f"{column!r} must be a non-empty list of messages", column)
     out = []
     for i, m in enumerate(msgs):
+        m = _map_as_dict(m)
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RenderError("bad_type", f"{column}[{i}] must be an object with a role", column)
         content = m.get("content")
@@ -355,6 +356,14 @@ def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str
     if not any(m["content"].strip() for m in out):
         raise RenderError("empty_prompt", f"every message in {column!r} is empty", column)
     return out
+
+
+def _map_as_dict(m: Any) -> Any:
+    """A Parquet map message (Spark's map<string,string>, read as a list of (key, value)
+    pairs) as the object it is; anything else as it is."""
+    if isinstance(m, list) and m and all(isinstance(kv, tuple) and len(kv) == 2 for kv in m):
+        return dict(m)
+    return m
 
 
 # Parts that carry text, and the key holding it (an assistant's refusal is text too).
