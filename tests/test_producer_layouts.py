@@ -312,3 +312,17 @@ def test_chat_messages_as_spark_maps_are_read_as_objects(tmp_path):
     assert result.exit_code == 0 and summary["rows"]["succeeded"] == 1, result.stderr
     out = pq.read_table(tmp_path / "out" / "results")
     assert out.schema.field("messages").type == map_type
+
+
+def test_pandas_float_ids_say_why_they_are_floats(tmp_path):
+    import pandas as pd
+
+    data = tmp_path / "ids.parquet"
+    pd.DataFrame({"id": [1, 2, None], "text": ["a", "b", "c"]}).to_parquet(data)
+    result, summary = cli("validate", job(tmp_path, data))
+    assert result.exit_code == 65, result.stderr
+    assert (
+        f"{data}:row 1: id 'id' must be a string or integer, got the float 2.0 (pandas stores"
+        " integers with a missing value as float64: write the ids as pandas' Int64 or as strings)"
+    ) in result.stderr
+    assert f"{data}:row 2: the id column 'id' is null or missing" in result.stderr

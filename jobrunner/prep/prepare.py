@@ -43,6 +43,17 @@ def derived_id(ref: RowRef, root: Path | None = None) -> str:
     return f"{derived_name(ref.file, root)}:{ref.row}"
 
 
+def _id_kind(v: Any) -> str:
+    """What an id of another type is, with the likely cause for a float: pandas writes an
+    integer column holding a missing value as float64 (1 becomes 1.0)."""
+    if isinstance(v, float):
+        return (
+            f"the float {v!r} (pandas stores integers with a missing value as float64: write"
+            " the ids as pandas' Int64 or as strings)"
+        )
+    return f"{kind_of(v)} {str(v)[:40]!r}"
+
+
 @functools.lru_cache(maxsize=4096)
 def derived_name(file: str, root: Path | str | None) -> str:
     """How derived ids name `file`: as messages do (place_name), a compressed file as the file
@@ -272,7 +283,7 @@ class Preparer:
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             return RowError(
                 "bad_type",
-                f"{raw.source}: id {col!r} must be a string or integer, got {kind_of(v)}",
+                f"{raw.source}: id {col!r} must be a string or integer, got {_id_kind(v)}",
                 raw.source,
                 None,
                 col,
