@@ -239,3 +239,19 @@ def test_uuid_ids_are_their_canonical_text_in_the_scan_and_the_preparer(tmp_path
     cfg = _cfg(tmp_path / "a.parquet")
     assert _scan_like_the_preparer(cfg) == set(want)
     assert scan_input(cfg, set()).ids == set(want)
+
+
+def test_binary_ids_are_their_utf8_text_in_the_scan_and_the_preparer(tmp_path):
+    """Hive and Impala write string ids as Parquet BINARY: the scan and the preparer both read
+    the text; a value that is not UTF-8 is an invalid id (the row's error: invalid_utf8)."""
+    from jobrunner.input_scan import scan_input
+
+    for kind in (pa.binary(), pa.large_binary(), pa.binary_view()):
+        col = pa.array([b"a", "\u00e9".encode(), b"  ", None, b"\xff"], kind)
+        batch = pa.record_batch({"id": col})
+        assert batch_ids(batch, "f", 0, "id").to_pylist() == ["a", "\u00e9", None, None, None]
+    col = pa.array([b"a", "\u00e9".encode(), b"\xff"], pa.binary())
+    pq.write_table(pa.table({"id": col, "prompt": ["p"] * 3}), tmp_path / "a.parquet")
+    cfg = _cfg(tmp_path / "a.parquet")
+    assert _scan_like_the_preparer(cfg) == {"a", "\u00e9"}
+    assert scan_input(cfg, set()).ids == {"a", "\u00e9"}

@@ -326,3 +326,20 @@ def test_pandas_float_ids_say_why_they_are_floats(tmp_path):
         " integers with a missing value as float64: write the ids as pandas' Int64 or as strings)"
     ) in result.stderr
     assert f"{data}:row 2: the id column 'id' is null or missing" in result.stderr
+
+
+def test_a_hive_file_of_binary_ids_and_text_runs_and_resumes(tmp_path):
+    data = tmp_path / "impala.parquet"
+    ids = pa.array([b"doc-1", b"doc-2", b"\xff"], pa.binary())
+    text = pa.array([b"first", b"second", b"third"], pa.binary())
+    pq.write_table(pa.table({"id": ids, "text": text}), data)
+    result, summary = run_job(tmp_path, data, {"template": "Say {text}"})
+    assert result.exit_code == 0, result.stderr
+    assert summary["rows"] == {"succeeded": 2, "failed": 1, "skipped": 0}
+    out = pq.read_table(tmp_path / "out" / "results")
+    assert sorted(out.column("id").to_pylist()) == ["doc-1", "doc-2"]
+    assert out.schema.field("input_id").type == pa.binary()  # the input column, as it was
+    (error,) = [json.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert (error["code"], error["field"], error["row"]) == ("invalid_utf8", "id", 2)
+    result, summary = run_job(tmp_path, data, {"template": "Say {text}"})
+    assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr

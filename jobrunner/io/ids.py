@@ -137,6 +137,8 @@ def batch_ids(batch: Any, name: str, first_row: int, id_column: str | None) -> A
         col = col.dictionary_decode()
     if isinstance(col.type, pa.UuidType):
         return uuid_text(col)
+    if col.type in (pa.binary(), pa.large_binary(), pa.binary_view()):
+        col = binary_text(col)
     if str(col.type) not in _TEXT_OR_INT:
         return pa.nulls(batch.num_rows, pa.string())
     text = pc.cast(col, pa.string())
@@ -167,6 +169,24 @@ def uuid_text(col: Any) -> Any:
     text = np.ascontiguousarray(np.hstack(parts)).view("S36").ravel()
     ids = pa.array(text, pa.binary(36)).cast(pa.string())
     return pc.if_else(col.is_null(), pa.scalar(None, pa.string()), ids)
+
+
+def binary_text(col: Any) -> Any:
+    """A binary column (Hive's and Impala's strings) as text; null where a value is not UTF-8
+    (the preparer fails that row: invalid_utf8)."""
+    import pyarrow as pa
+
+    try:
+        return col.cast(pa.string())
+    except pa.ArrowInvalid:  # some value is not UTF-8: row by row
+        return pa.array([_utf8(v) for v in col.to_pylist()], pa.string())
+
+
+def _utf8(v: bytes | None) -> str | None:
+    try:
+        return None if v is None else v.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def valid_hashes(ids: Any) -> np.ndarray:

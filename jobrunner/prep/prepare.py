@@ -19,7 +19,14 @@ from jobrunner.config import JobConfig
 from jobrunner.io.compressed import plain_name
 from jobrunner.io.identity import input_root, relative_name
 from jobrunner.io.readers import Item, RawRow
-from jobrunner.prep.render import Framed, PromptRenderer, RenderError, Segmented
+from jobrunner.prep.render import (
+    BYTES,
+    Framed,
+    PromptRenderer,
+    RenderError,
+    Segmented,
+    binary_text,
+)
 from jobrunner.prep.tokens import SegmentEncoder, TextEncoder
 from jobrunner.structured.spec import SpecError, generation_spec, response_format_spec
 from jobrunner.types import Request, RowError, RowRef, SamplingParams, kind_of
@@ -280,6 +287,11 @@ class Preparer:
             )
         if isinstance(v, UUID):  # Parquet's UUID type (DuckDB, Iceberg): its canonical text
             return str(v)
+        if isinstance(v, BYTES):  # Hive's and Impala's strings: the UTF-8 text they hold
+            try:
+                v = binary_text(v, f"id {col!r}", col)
+            except RenderError as e:
+                return RowError(e.code, f"{raw.source}: {e}", raw.source, None, col)
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             return RowError(
                 "bad_type",
