@@ -27,6 +27,20 @@ def test_glob_and_read_from_s3(s3_env):
         assert pq.read_table(f).to_pylist() == [{"id": "b", "prompt": "y"}]
 
 
+def test_a_spark_prefix_is_read_as_spark_reads_it(s3_env):
+    """A failed task attempt's copy under _temporary/ and the _SUCCESS marker are not data."""
+    from jobrunner.formats import input_files
+
+    rows = [{"id": "a", "prompt": "x"}]
+    put_parquet(f"{s3_env}/spark/part-00000.snappy.parquet", rows)
+    put_parquet(f"{s3_env}/spark/_temporary/0/_temporary/attempt_1/part-00000.snappy.parquet", rows)
+    f, p = store.filesystem(f"{s3_env}/spark/_SUCCESS")
+    f.pipe_file(p, b"")
+    want = [f"{s3_env}/spark/part-00000.snappy.parquet"]
+    assert input_files(f"{s3_env}/spark") == want
+    assert input_files(f"{s3_env}/spark/**/*.parquet") == want
+
+
 def test_scan_and_read_rows_from_s3(s3_env):
     from jobrunner.config import JobConfig
     from jobrunner.formats import read_rows
