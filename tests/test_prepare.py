@@ -159,3 +159,27 @@ def test_input_columns_named_like_result_columns_keep_every_value():
         "input_completion": "mine",
         "input_model": "m",
     }
+
+
+def test_nested_template_values_are_json_not_python_repr(tokenizer, tmp_path):
+    """A list, struct or map column in a template reads as JSON: no single quotes, None or
+    datetime.datetime(...) from Python's repr, a map as an object."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobrunner.formats import read_rows
+
+    table = pa.table(
+        {
+            "id": [1],
+            "tags": [["a", None]],
+            "meta": [{"when": datetime.datetime(2024, 1, 2, 3, 4), "ok": True}],
+            "attrs": pa.array([[("size", 3)]], pa.map_(pa.string(), pa.int64())),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    c = cfg(prompt={"template": "{tags}|{meta}|{attrs}"}, use_chat_template=False)
+    (req,) = Preparer(c, tokenizer).prepare_batch(list(read_rows(str(tmp_path / "a.parquet"))))
+    assert req.prompt == '["a", null]|{"when": "2024-01-02 03:04:00", "ok": true}|{"size": 3}'

@@ -7,6 +7,9 @@ prompts go through the tokenizer's chat template as a user message when the mode
 
 from __future__ import annotations
 
+import base64
+import json
+import math
 import re
 import string
 from functools import cached_property
@@ -324,7 +327,35 @@ def binary_text(v: bytes | bytearray | memoryview, what: str, field: str) -> str
 
 
 def _field_value(v: Any, field: str) -> Any:
-    return binary_text(v, f"template field {{{field}}}", field) if isinstance(v, BYTES) else v
+    if isinstance(v, BYTES):
+        return binary_text(v, f"template field {{{field}}}", field)
+    if isinstance(v, (list, tuple, dict)):
+        return nested_text(v)
+    return v
+
+
+def nested_text(v: Any) -> str:
+    """A list, map or struct value as JSON for a template field (a map as an object, bytes as
+    their text, a date or decimal as its str()), never Python's repr: single quotes, None,
+    `datetime.datetime(2024, 1, 1, 0, 0)`, a map's `[('k', 1)]`."""
+    return json.dumps(_jsonable(v), ensure_ascii=False, default=str)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, list) and isinstance(_map_as_dict(v), dict):
+        v = _map_as_dict(v)
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, BYTES):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(bytes(v)).decode("ascii")
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
 
 
 def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str]]:
