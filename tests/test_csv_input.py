@@ -176,6 +176,31 @@ def test_odd_but_valid_files(tmp_path, data, rows):
     assert scan_ids(_cfg(f)) == (len(rows), {})
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        # Excel where the decimal mark is a comma: `;` between fields, commas inside them
+        b'\xef\xbb\xbfid;text;price\r\n1;"Hallo; Welt";3,50\r\n2;"a ""b"", c";4,00\r\n',
+        b'id\ttext\tprice\n1\tHallo; Welt\t3,50\n2\t"a ""b"", c"\t4,00\n',  # tab-separated
+        b'"id"|"text"|"price"\n1|Hallo; Welt|3,50\n2|"a ""b"", c"|4,00\n',  # pipes, quoted names
+    ],
+    ids=["semicolons", "tabs", "pipes"],
+)
+def test_a_file_separated_by_semicolons_tabs_or_pipes_is_read_by_its_separator(tmp_path, data):
+    f = tmp_path / "in.csv"
+    f.write_bytes(data)
+    want = [
+        {"id": "1", "text": "Hallo; Welt", "price": "3,50"},
+        {"id": "2", "text": 'a "b", c', "price": "4,00"},
+    ]
+    assert [g.values for g in read_rows(str(f))] == want
+    assert [r.fields for r in _parsed_slowly(f)] == [list(w.values()) for w in want]
+    assert _scan(f) == ["1", "2"]
+    job = "input: {path: in.csv, prompt: {template: 'Translate: {text}'}}\noutput: {path: out}\n"
+    code, summary = _cli("validate", write_job(tmp_path / "job.yaml", job))
+    assert code == 0 and summary["rows"] == 2 and summary["valid"] == 2, summary
+
+
 def test_duplicate_ids_are_placed_on_their_lines(tmp_path):
     f = tmp_path / "in.csv"
     f.write_bytes(b'id,prompt\n1,"two\nlines"\n2,x\n\n1,z\n')
@@ -184,15 +209,17 @@ def test_duplicate_ids_are_placed_on_their_lines(tmp_path):
 
 # ------------------------------------------------- the two readers agree on any file
 
-field = st.text(st.sampled_from('ab,"\n\r é\x00'), max_size=6)
+field = st.text(st.sampled_from('ab,;\t"\n\r é\x00'), max_size=6)
 
 
 @st.composite
 def csv_files(draw) -> bytes:
     """A header, then rows as csv.writer writes them and raw junk lines between them."""
-    width = draw(st.integers(1, 3))
+    delimiter = draw(st.sampled_from([",", ";", "\t"]))
+    width = draw(st.integers(1 if delimiter == "," else 2, 3))  # a header shows its separator
     out = io.StringIO()
-    w = csv.writer(out, lineterminator=draw(st.sampled_from(["\n", "\r\n"])))
+    end = draw(st.sampled_from(["\n", "\r\n"]))
+    w = csv.writer(out, delimiter=delimiter, lineterminator=end)
     w.writerow(["id", "p", "q"][:width])
     for _ in range(draw(st.integers(0, 8))):
         if draw(st.booleans()):
@@ -246,8 +273,10 @@ def _parsed_slowly(path) -> list:
 
 
 def _python_csv(data: bytes) -> list[list[str]]:
-    text = io.StringIO(data.decode("utf-8-sig"), newline="")
-    return [r for r in csv.reader(text) if r]
+    """The rows Python's csv module reads, cut by the separator the file was written with."""
+    text = data.decode("utf-8-sig")
+    delimiter = next((d for d in ",;\t" if d in text.split("\n", 1)[0]), ",")
+    return [r for r in csv.reader(io.StringIO(text, newline=""), delimiter=delimiter) if r]
 
 
 def _header(data: bytes) -> list[str]:

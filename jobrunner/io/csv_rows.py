@@ -9,6 +9,10 @@ into rows is the file's error (InputDataError): a header that repeats a name or 
 a quote opened and never closed, a field past MAX_FIELD_CHARS. An empty file has no rows.
 A compressed file's text is read as it is decompressed (io/compressed.py).
 
+The separator is the header's (`sniff_delimiter`): a comma when the header holds one outside
+quotes, else whichever of `;` (Excel's CSV where the decimal mark is a comma), tab and `|` it
+holds most; a one-column header, a comma. Every row of the file is cut by it.
+
 The fast path: a block after the header, valid UTF-8, that pyarrow reads into as many rows as
 it has lines, the last line's quotes closed, has each row on one line; there pyarrow cuts the
 rows where the csv module does, and its quoting rules give the same strings (a doubled quote
@@ -36,6 +40,8 @@ PLAIN_BLOCK_BYTES = 1 << 18  # pyarrow parses a block in pieces this size, in th
 MAX_FIELD_CHARS = 1 << 26  # a field past this is an unclosed quote, not a prompt
 _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8 (surrogateescape)
 _BREAK = re.compile(r"\r\n?|\n")
+_QUOTED = re.compile(r'"[^"]*"?')
+OTHER_DELIMITERS = ";\t|"  # a header without a comma outside quotes is cut by one of these
 
 
 class Row(NamedTuple):
@@ -59,6 +65,7 @@ class CsvRows:
     def __init__(self, file: str) -> None:
         self.file = file
         self.header: list[str] | None = None
+        self.delimiter = ","  # the header's (sniff_delimiter), once it is read
         self.line = 1  # the physical line the next block starts on
         self.row = 0  # the index the next row gets
 
@@ -95,10 +102,10 @@ class CsvRows:
             return None
         names = self.header if columns is None else [c for c in columns if c in self.header]
         quoted = b'"' in data
-        table = read_plain(data, self.header, names, quoted)
+        table = read_plain(data, self.header, names, quoted, self.delimiter)
         if table is None or table.num_rows != _count_lines(data):
             return None  # refused (a ragged row), or lines that are not one row each
-        if quoted and not _closes(_last_line(data)):
+        if quoted and not _closes(_last_line(data), self.delimiter):
             return None  # the last row's quoted field runs on into the next block
         block = Block(self.row, self.line, table)
         self.row += table.num_rows
@@ -109,8 +116,10 @@ class CsvRows:
         """The rows of `data` (whole lines from a row boundary); returns the lines of a row
         the block's end cuts off, to be parsed again with the next block."""
         lines, escaped = self._lines(data)
+        if self.header is None:
+            self.delimiter = sniff_delimiter(next((x for x in lines if x.strip()), ""))
         done: list[bool] = []
-        reader = csv.reader(_until_end(lines, done), strict=False)
+        reader = csv.reader(_until_end(lines, done), delimiter=self.delimiter, strict=False)
         width = len(self.header) if self.header is not None else 0
         used = 0  # the lines the rows so far took
         try:
@@ -169,7 +178,7 @@ class CsvRows:
         return names
 
     def _unclosed(self, start: int, fields: list[str]) -> InputDataError:
-        opens = start + len(_BREAK.findall(",".join(fields[:-1])))
+        opens = start + len(_BREAK.findall(self.delimiter.join(fields[:-1])))
         return InputDataError(
             f"{self.file}: line {opens}: a quoted field opens here and is never closed (the file"
             f" ends inside it), so no row from line {start} on can be read; the rows before it"
@@ -178,14 +187,27 @@ class CsvRows:
         )
 
 
-def read_plain(data: bytes, header: list[str], columns: list[str], quoted: bool) -> Any:
+def sniff_delimiter(header: str) -> str:
+    """The separator of a file whose header line is `header` (module doc)."""
+    outside = _QUOTED.sub("", header)
+    if "," in outside:
+        return ","
+    counts = {d: outside.count(d) for d in OTHER_DELIMITERS}
+    best = max(counts, key=counts.__getitem__)
+    return best if counts[best] else ","
+
+
+def read_plain(
+    data: bytes, header: list[str], columns: list[str], quoted: bool, delimiter: str = ","
+) -> Any:
     """A block of valid UTF-8 read by pyarrow: a Table of `columns`, every value a string
     ("" when empty); None where pyarrow refuses it."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     opts = pcsv.ReadOptions(column_names=header, block_size=PLAIN_BLOCK_BYTES)
-    parse = pcsv.ParseOptions(newlines_in_values=quoted)  # quoted: cut its pieces by quotes
+    # quoted: cut its pieces by quotes
+    parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=quoted)
     convert = pcsv.ConvertOptions(
         column_types={n: pa.string() for n in header},
         strings_can_be_null=False,
@@ -215,10 +237,11 @@ def _problem(header: list[str], fields: list[str]) -> tuple[str, str, str | None
     return None
 
 
-def _closes(line: bytes) -> bool:
+def _closes(line: bytes, delimiter: str) -> bool:
     """Whether a line read alone ends outside a quoted field."""
     done: list[bool] = []
-    next(csv.reader(_until_end([line.decode("utf-8")], done), strict=False), None)
+    lines = _until_end([line.decode("utf-8")], done)
+    next(csv.reader(lines, delimiter=delimiter, strict=False), None)
     return not done
 
 
