@@ -66,3 +66,15 @@ def s3_env(moto_server, monkeypatch):
     fs, _ = filesystem(f"s3://{bucket}")
     fs.mkdir(bucket)
     yield f"s3://{bucket}"
+
+
+KEY_ID, SECRET = "AKIAJOBRUNNERTEST", "jobrunner-secret-sentinel"
+
+
+@pytest.fixture
+def s3_bucket(s3_env, monkeypatch, tmp_path):
+    """A fresh bucket, distinctive credentials, and a staging directory of this test's own."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("JOBRUNNER_STAGING_DIR", str(tmp_path / "staging"))
+    return s3_env

@@ -22,20 +22,11 @@ from crashkit import (
     write_input,
     write_job,
 )
+from s3kit import KEY_ID, SECRET
 
 from jobrunner.io import fs as store
 
 pytestmark = pytest.mark.slow
-KEY_ID, SECRET = "AKIAJOBRUNNERTEST", "jobrunner-secret-sentinel"
-
-
-@pytest.fixture
-def bucket(s3_env, monkeypatch, tmp_path):
-    """A fresh bucket, distinctive credentials, and a staging directory of this test's own."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("JOBRUNNER_STAGING_DIR", str(tmp_path / "staging"))
-    return s3_env
 
 
 def s3_job(tmp_path: Path, bucket: str, out: str = "out", **extra) -> tuple[Path, str]:
@@ -76,9 +67,9 @@ def assert_no_garbage(url: str) -> None:
     assert {k.rsplit("/", 1)[-1] for k in f.ls(f"{root}/results")} == listed
 
 
-def test_a_job_from_s3_to_s3_equals_the_local_run(tmp_path, bucket):
+def test_a_job_from_s3_to_s3_equals_the_local_run(tmp_path, s3_bucket):
     _, expected = reference("static")
-    job, url = s3_job(tmp_path, bucket)
+    job, url = s3_job(tmp_path, s3_bucket)
     p = run(job)
     assert p.returncode == 0, p.stderr[-3000:]
     assert summary(p.stdout)["output"] == url
@@ -98,9 +89,9 @@ def test_a_job_from_s3_to_s3_equals_the_local_run(tmp_path, bucket):
     assert written and not [b for b in written if KEY_ID.encode() in b or SECRET.encode() in b]
 
 
-def test_kill9_and_a_failed_put_resume_to_each_row_once(tmp_path, bucket):
+def test_kill9_and_a_failed_put_resume_to_each_row_once(tmp_path, s3_bucket):
     _, expected = reference("static")
-    job, url = s3_job(tmp_path, bucket)
+    job, url = s3_job(tmp_path, s3_bucket)
     p = run(job, JOBRUNNER_FAULT_KILL="after_shard:2")  # shard 2 written, its record not
     assert p.returncode == -9, p.stderr[-2000:]
     p = run(job, JOBRUNNER_FAULT_PUT="record:2")  # commit 2: shard written, its record PUT fails
@@ -120,9 +111,9 @@ def test_kill9_and_a_failed_put_resume_to_each_row_once(tmp_path, bucket):
     assert_no_garbage(url)
 
 
-def test_two_runs_on_one_prefix_commit_each_row_once(tmp_path, bucket):
+def test_two_runs_on_one_prefix_commit_each_row_once(tmp_path, s3_bucket):
     _, expected = reference("static")
-    job, url = s3_job(tmp_path, bucket)
+    job, url = s3_job(tmp_path, s3_bucket)
     # two machines: separate staging dirs (and locks), so only the store's conditional writes
     # keep them apart
     procs = [start(job, JOBRUNNER_STAGING_DIR=str(tmp_path / f"m{k}")) for k in range(2)]

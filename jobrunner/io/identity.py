@@ -17,6 +17,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,3 +321,36 @@ def outside_run_dirs(files: list[str], root: Path) -> list[str]:
         return False
 
     return [f for f in files if not inside(f)]
+
+
+# A store run directory's commit records (io/store_rundir.py): `<run>/commits/NNNNNNNNNN.json`.
+_STORE_RECORD = re.compile(r"^(.+)/commits/\d{10}\.json$")
+
+
+def outside_store_runs(files: list[str], root: str, complete: bool) -> list[str]:
+    """`files` (store URLs) without those inside a store run directory under `root` (a prefix
+    holding commit records): an output.path inside the input prefix is never read back as
+    input rows. `complete`: `files` is every object under `root` (a prefix's listing), so the
+    records are among them; otherwise (a glob) each folder from a file up to `root` is listed
+    once."""
+    verdict = {m[1]: True for f in files if (m := _STORE_RECORD.match(f))}
+
+    def inside(f: str) -> bool:
+        d = f.rstrip("/").rsplit("/", 1)[0]
+        while len(d) >= len(root):
+            if d not in verdict:
+                verdict[d] = not complete and _holds_records(d)
+            if verdict[d]:
+                return True
+            d = d.rsplit("/", 1)[0]
+        return False
+
+    return [f for f in files if not inside(f)]
+
+
+def _holds_records(prefix: str) -> bool:
+    fs, p = filesystem(prefix)
+    try:
+        return any(_STORE_RECORD.match(k) for k in fs.ls(f"{p}/commits", detail=False))
+    except FileNotFoundError:
+        return False

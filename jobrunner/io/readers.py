@@ -19,7 +19,7 @@ from typing import Any
 from jobrunner.errors import InputDataError
 from jobrunner.io.compressed import COMPRESSED, full_suffix
 from jobrunner.io.fs import glob_files, is_remote, local_path
-from jobrunner.io.identity import input_root, outside_run_dirs
+from jobrunner.io.identity import input_root, outside_run_dirs, outside_store_runs
 from jobrunner.types import RowError, RowRef
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,7 @@ def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> lis
     that is not the input's listing names no skipped file."""
     path = local_path(path)
     if is_remote(path):
-        named = glob.has_magic(path) or _suffix(path) in suffixes
-        found = [f for f in glob_files(path) if named or _suffix(f) in suffixes]
-        found = _data_files(path, found, suffixes, quiet)
-        if not found:
-            raise InputDataError(f"input.path: no input files found at {path!r}")
-        return found
+        return _store_files(path, suffixes, quiet)
     p = Path(path).expanduser()
     if p.is_file():
         return [str(p)]
@@ -63,7 +58,8 @@ def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> lis
         every = _data_files(str(p), walk_files(p), suffixes, quiet)
         files = [f for f in every if _suffix(f) in suffixes]
         if not quiet:
-            _note_skipped(path, [f for f in every if _suffix(f) not in suffixes])
+            skipped = [f for f in every if _suffix(f) not in suffixes]
+            _note_skipped(path, outside_run_dirs(sorted(skipped), input_root(path)))
     elif "**" in path:
         files = _recursive_glob(os.path.expanduser(path))
     else:
@@ -74,6 +70,22 @@ def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> lis
     if not files:
         raise InputDataError(f"input.path: no input files found at {path!r}")
     return files
+
+
+def _store_files(path: str, suffixes: Collection[str], quiet: bool) -> list[str]:
+    """find_files on a store: the object, a glob's objects, or a prefix's objects of a known
+    format (directory markers and others named in a warning), outside any run directory."""
+    magic = glob.has_magic(path)
+    every = outside_store_runs(glob_files(path), str(input_root(path)), complete=not magic)
+    every = _data_files(path, every, suffixes, quiet)
+    named = magic or _suffix(path) in suffixes
+    found = [f for f in every if named or _suffix(f) in suffixes]
+    if not quiet and not named:  # a directory marker (a key ending in /) is no file
+        others = [f for f in every if _suffix(f) not in suffixes and not f.endswith("/")]
+        _note_skipped(path, others)
+    if not found:
+        raise InputDataError(f"input.path: no input files found at {path!r}")
+    return found
 
 
 def _data_files(path: str, files: list[str], suffixes: Collection[str], quiet: bool) -> list[str]:
@@ -150,7 +162,6 @@ def _suffix(file: str) -> str:
 
 def _note_skipped(path: str, skipped: list[str]) -> None:
     """A directory's files of no input format are not read: say which, never silently."""
-    skipped = outside_run_dirs(sorted(skipped), input_root(path))
     if not skipped or _noted("format", path, skipped):  # input_files runs several times a run
         return
     packed = sorted({_suffix(f) for f in skipped if Path(f).suffix.lower() in COMPRESSED})
