@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from jobrunner import collector, errors
+from jobrunner.io.store_errors import from_store_error
 
 
 class _Command(TyperCommand):
@@ -120,7 +121,7 @@ def _setup_logging(verbose: bool) -> None:
 def _fail(e: BaseException) -> None:
     """A JobError (or an OSError the environment caused) exits with its code and message;
     anything else is a bug in jobrunner: exit 70 with the traceback on stderr."""
-    user = e if isinstance(e, errors.JobError) else errors.from_os_error(e)
+    user = e if isinstance(e, errors.JobError) else from_store_error(e) or errors.from_os_error(e)
     if user is not None:
         typer.echo(f"error: {user}", err=True)
         _print_summary({"status": "error", "exit_code": user.exit_code, "error": str(user)})

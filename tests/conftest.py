@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from s3kit import moto_server, s3_bucket, s3_env  # noqa: F401  (fixtures: a local S3 API server)
+from s3kit import moto_server, moto_server_with_auth, s3_bucket, s3_env  # noqa: F401  (fixtures: a local S3 API server)
 
 os.environ.setdefault("JOBRUNNER_NO_PROGRESS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -7,11 +7,14 @@ same path as against AWS S3 or MinIO.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -26,6 +29,16 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def moto_server():
     """The endpoint URL of a moto S3 server running for this test session."""
+    yield from _moto()
+
+
+@pytest.fixture(scope="session")
+def moto_server_with_auth():
+    """A moto S3 server that checks credentials (IAM): unknown keys are refused."""
+    yield from _moto(INITIAL_NO_AUTH_ACTION_COUNT="0")
+
+
+def _moto(**extra_env: str):
     pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
     pytest.importorskip("s3fs", reason="needs s3fs (the s3 extra)")
     port = free_port()
@@ -33,12 +46,15 @@ def moto_server():
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **extra_env},
     )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         try:
             urllib.request.urlopen(endpoint, timeout=1)
+            break
+        except urllib.error.HTTPError:  # up, and refusing the unsigned request
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -78,3 +94,60 @@ def s3_bucket(s3_env, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("JOBRUNNER_STAGING_DIR", str(tmp_path / "staging"))
     return s3_env
+
+
+class TcpProxy:
+    """A TCP relay to a local port that can be stopped (connections refused, open ones cut)
+    and started again on the same port: a store that goes away mid-run and comes back."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port, self.target = free_port(), target_port
+        self._server: socket.socket | None = None
+        self._open: list[socket.socket] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(64)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def stop(self) -> None:
+        for s in [self._server, *self._open]:
+            _cut(s)
+        self._server, self._open = None, []
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return
+            self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_relay, args=(a, b), daemon=True).start()
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    try:
+        while data := a.recv(1 << 16):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _cut(a)
+        _cut(b)
+
+
+def _cut(s: socket.socket | None) -> None:
+    if s is None:
+        return
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)
+    s.close()

@@ -5,10 +5,13 @@ bucket that does not exist, a server that goes away mid-run."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import pytest
-from crashkit import reference, run, summary
-from test_objstore_jobs import s3_job, store_rows
+from crashkit import CLI, env, reference, run, start, summary
+from s3kit import TcpProxy, free_port
+from test_objstore_jobs import assert_no_garbage, commits, s3_job, store_rows
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +55,91 @@ def test_a_prefix_names_the_objects_it_does_not_read(s3_env, caplog):
     url = f"{s3_env}/mixed"
     assert input_files(f"{url}/") == input_files(url) == [f"{url}/b.csv", f"{url}/sub/a.jsonl"]
     assert "2 files of no input format are not read (_SUCCESS, n.txt)" in caplog.text
+
+
+def _cli(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env(**extra_env), timeout=600
+    )
+
+
+def test_a_store_that_cannot_be_reached_is_a_temporary_error(tmp_path, s3_bucket):
+    """Connection refused (the server is down, or the endpoint is wrong) exits 75 naming the
+    endpoint, from every command: never 70, never a traceback."""
+    job, url = s3_job(tmp_path, s3_bucket)
+    gone = f"http://127.0.0.1:{free_port()}"
+    for args in (["run", str(job)], ["validate", str(job)], ["estimate", str(job)]):
+        p = _cli(*args, AWS_ENDPOINT_URL=gone)
+        assert p.returncode == 75, (args, p.stderr[-2000:])
+        assert f"cannot reach the object store at {gone}" in summary(p.stdout)["error"]
+    p = _cli("report", url, AWS_ENDPOINT_URL=gone)
+    assert p.returncode == 75, p.stderr[-2000:]
+
+
+def test_a_bucket_that_does_not_exist_is_named_before_any_work(tmp_path, s3_bucket):
+    job, _ = s3_job(tmp_path, s3_bucket)
+    for command, path in (("run", "corpus/*.jsonl"), ("validate", "corpus")):
+        _retarget(job, input=f"s3://no-such-input-bucket/{path}")
+        p = _cli(command, str(job))
+        assert p.returncode == 65, p.stderr[-2000:]  # no input files, and why
+        assert summary(p.stdout)["error"] == (
+            f"input.path: no input files found at 's3://no-such-input-bucket/{path}':"
+            " bucket no-such-input-bucket does not exist"
+        )
+    job, _ = s3_job(tmp_path, s3_bucket)
+    _retarget(job, output="s3://no-such-output-bucket/run")
+    for command in ("run", "validate"):
+        p = _cli(command, str(job))
+        assert p.returncode == 78, p.stderr[-2000:]
+        assert "bucket no-such-output-bucket does not exist" in summary(p.stdout)["error"]
+        assert "loaded smollm2" not in p.stderr  # refused before the model loads
+
+
+def test_a_store_that_goes_away_mid_run_stops_75_and_the_rerun_completes(
+    tmp_path, s3_bucket, moto_server
+):
+    """The server goes away while the job commits: exit 75 naming the store; once it is back,
+    the same command completes with every row exactly once."""
+    _, expected = reference("static")
+    job, url = s3_job(tmp_path, s3_bucket)
+    proxy = TcpProxy(int(moto_server.rsplit(":", 1)[1]))
+    proxy.start()
+    try:
+        proc = start(job, AWS_ENDPOINT_URL=proxy.url)
+        deadline = time.monotonic() + 300
+        while commits(url) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proxy.stop()
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 75, err[-3000:]
+        assert "cannot reach the object store" in summary(out)["error"], err[-3000:]
+        proxy.start()
+        p = run(job, AWS_ENDPOINT_URL=proxy.url)
+    finally:
+        proxy.stop()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert store_rows(url) == expected
+    assert_no_garbage(url)
+
+
+def test_refused_or_missing_credentials_are_named_not_a_crash(tmp_path, moto_server_with_auth):
+    """A store that refuses the credentials, or none to give it: 78 saying which, from
+    `validate` and `report` alike."""
+    spec = {"input": {"path": "s3://corpus-bucket/in/*.jsonl"}, "output": {"path": "s3://x/run"}}
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps(spec))
+    at = {"AWS_ENDPOINT_URL": moto_server_with_auth, "AWS_EC2_METADATA_DISABLED": "true"}
+    at |= {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    at |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_DEFAULT_REGION": "us-east-1"}
+    wrong = {"AWS_ACCESS_KEY_ID": "AKIAWRONG", "AWS_SECRET_ACCESS_KEY": "wrong"}
+    for args in (["validate", str(job)], ["report", "s3://x/run"]):
+        p = _cli(*args, **at, **wrong)
+        assert p.returncode == 78, p.stderr[-2000:]
+        assert "refused the request" in summary(p.stdout)["error"]
+        assert "InvalidAccessKeyId" in summary(p.stdout)["error"]
+    p = _cli("validate", str(job), **at, AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="")
+    assert p.returncode == 78, p.stderr[-2000:]
+    assert summary(p.stdout)["error"].startswith("no credentials for the object store")
+    p = _cli("validate", str(job), **at, AWS_PROFILE="no-such-profile")
+    assert p.returncode == 78, p.stderr[-2000:]
+    assert "The config profile (no-such-profile) could not be found" in p.stdout

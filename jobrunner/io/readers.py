@@ -18,7 +18,7 @@ from typing import Any
 
 from jobrunner.errors import InputDataError
 from jobrunner.io.compressed import COMPRESSED, full_suffix
-from jobrunner.io.fs import glob_files, is_remote, local_path
+from jobrunner.io.fs import filesystem, glob_files, is_remote, local_path
 from jobrunner.io.identity import input_root, outside_run_dirs, outside_store_runs
 from jobrunner.types import RowError, RowRef
 
@@ -76,7 +76,13 @@ def _store_files(path: str, suffixes: Collection[str], quiet: bool) -> list[str]
     """find_files on a store: the object, a glob's objects, or a prefix's objects of a known
     format (directory markers and others named in a warning), outside any run directory."""
     magic = glob.has_magic(path)
-    every = outside_store_runs(glob_files(path), str(input_root(path)), complete=not magic)
+    try:
+        listed = glob_files(path)
+    except FileNotFoundError:  # the bucket does not exist (a glob's listing finds nothing)
+        listed = []
+    if not listed:
+        raise InputDataError(f"input.path: no input files found at {path!r}{_no_bucket(path)}")
+    every = outside_store_runs(listed, str(input_root(path)), complete=not magic)
     every = _data_files(path, every, suffixes, quiet)
     named = magic or _suffix(path) in suffixes
     found = [f for f in every if named or _suffix(f) in suffixes]
@@ -154,6 +160,13 @@ def _noted(what: str, path: str, files: list[str]) -> bool:
     seen = key in _NOTED
     _NOTED.add(key)
     return seen
+
+
+def _no_bucket(path: str) -> str:
+    """`: bucket B does not exist` where it does not, else nothing."""
+    fs, p = filesystem(path)
+    bucket = p.split("/", 1)[0]
+    return "" if fs.exists(bucket) else f": bucket {bucket} does not exist"
 
 
 def _suffix(file: str) -> str:

@@ -39,6 +39,7 @@ from jobrunner.io.identity import ROWS_FILE
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.io.rundir import ErrorPlaces, Manifest, fault, not_a_run, split_unwritable
+from jobrunner.io.store_errors import from_store_error
 from jobrunner.types import RowError
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class StoreRunDir:
     def check_ours(self) -> None:
         """The prefix holds a run (commit records) or nothing: anything else is the user's. A
         prefix inside another run's is refused too, as a local run directory inside another."""
+        self._check_bucket()
         self._check_not_inside_a_run()
         if self._list("commits"):
             return
@@ -125,6 +127,15 @@ class StoreRunDir:
             foreign = []
         if foreign:
             raise not_a_run(self.url, "no commits/", foreign, "under an empty prefix")
+
+    def _check_bucket(self) -> None:
+        """A bucket that does not exist is refused before any work, not at the first write."""
+        bucket = self.root.split("/", 1)[0]
+        if not self.fs.exists(bucket):
+            raise RunDirError(
+                f"output.path {self.url}: bucket {bucket} does not exist (or these credentials"
+                " cannot see it): create it or choose another output.path"
+            )
 
     def _check_not_inside_a_run(self) -> None:
         """One listing a level up to the bucket: a prefix above holding commit records."""
@@ -300,8 +311,11 @@ class StoreRunDir:
             )
         except FileExistsError:
             raise
-        except OSError as e:
-            raise StoreError(
+        except Exception as e:
+            user = from_store_error(e, self.url)
+            if user is None and not isinstance(e, OSError):
+                raise
+            raise user or StoreError(
                 f"{self.url}: writing {key.rsplit('/', 1)[-1]} failed ({e}); the commits before"
                 " it are kept: run the same command again to continue"
             ) from e
