@@ -245,10 +245,10 @@ def _load_or_rebuild_report(rundir: RunDir) -> Report:
     try:
         report = load_report(rundir.path)
     except (OSError, ValueError):
-        log.info("%s: report.json missing or unreadable; rebuilding the reports", rundir.path)
+        log.info("%s: report.json missing or unreadable; rebuilding the reports", rundir.location)
         return write_reports(rundir)
     if _missing(rundir, REPORT_FILES):
-        log.info("%s: a report file is missing; rebuilding the reports", rundir.path)
+        log.info("%s: a report file is missing; rebuilding the reports", rundir.location)
         return write_reports(rundir)
     return report
 
@@ -257,7 +257,7 @@ def _missing(rundir: RunDir, names: tuple[str, ...]) -> bool:
     """Whether any of the run directory's files `names` is gone (a rerun remakes them)."""
     missing = [n for n in names if not (rundir.path / n).exists()]
     if missing:
-        log.info("%s: %s missing; made again", rundir.path, ", ".join(missing))
+        log.info("%s: %s missing; made again", rundir.location, ", ".join(missing))
     return bool(missing)
 
 

@@ -236,7 +236,7 @@ def _check_settings(rundir: RunDir, manifest: Manifest, parts: dict) -> None:
         lines += _output_changes(rundir, manifest.job.get("output"), parts["output"])
     if settings or lines:
         raise ResumeMismatch(
-            f"{rundir.path} holds a different job; changed since it started:\n"
+            f"{rundir.location} holds a different job; changed since it started:\n"
             + "\n".join(f"  {d}" for d in lines[:MAX_DUPLICATES_LISTED])
             + "\nrun the earlier job file again to continue it, use a new output.path,"
             " or --restart to discard the earlier results"
@@ -294,7 +294,7 @@ def _accept_changes(
             if ids:
                 lines.append(f"rows {label}: {len(ids)} ({_few(ids)})")
     raise ResumeMismatch(
-        f"{rundir.path} was started on a different input; changed since:\n"
+        f"{rundir.location} was started on a different input; changed since:\n"
         + "\n".join(f"  {d}" for d in lines[: 2 * MAX_DUPLICATES_LISTED])
         + (f"\n--retry-errors cannot take it: {why}" if why else "")
         + "\nrun with the earlier input to continue, --retry-errors if only failed rows"

@@ -13,6 +13,8 @@ from crashkit import CLI, env, reference, run, start, summary
 from s3kit import TcpProxy, free_port
 from test_objstore_jobs import assert_no_garbage, commits, s3_job, store_rows
 
+from jobrunner.io import fs as store
+
 pytestmark = pytest.mark.slow
 
 
@@ -143,3 +145,23 @@ def test_refused_or_missing_credentials_are_named_not_a_crash(tmp_path, moto_ser
     p = _cli("validate", str(job), **at, AWS_PROFILE="no-such-profile")
     assert p.returncode == 78, p.stderr[-2000:]
     assert "The config profile (no-such-profile) could not be found" in p.stdout
+
+
+def test_a_changed_object_is_refused_naming_the_run_and_retry_errors_is_78(tmp_path, s3_bucket):
+    """An input object rewritten between two runs is refused as locally, the message naming
+    the run's URL (not its local staging folder) and the row; `--retry-errors`, which stores
+    do not support yet, is a configuration error (78), not a temporary one."""
+    job, url = s3_job(tmp_path, s3_bucket)
+    p = run(job)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = run(job, "--retry-errors")
+    assert p.returncode == 78, p.stderr[-2000:]
+    assert "--retry-errors is not supported on object stores" in summary(p.stdout)["error"]
+    f, root = store.filesystem(f"{s3_bucket}/corpus/in.jsonl")
+    f.pipe_file(root, f.cat_file(root).replace(b"with apple.", b"with maple."))
+    for command in ("run", "validate"):
+        p = _cli(command, str(job))
+        assert p.returncode == 78, p.stderr[-2000:]
+        error = summary(p.stdout)["error"]
+        assert error.startswith(f"{url} was started on a different input"), error
+        assert "in.jsonl: content changed" in error and "rows changed: 1 ('r00')" in error

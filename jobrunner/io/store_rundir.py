@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jobrunner.errors import RunDirError, RunLocked, StoreError
+from jobrunner.errors import ConfigError, RunDirError, RunLocked, StoreError
 from jobrunner.formats import FORMATS
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
 from jobrunner.io.identity import ROWS_FILE
@@ -321,7 +321,7 @@ class StoreRunDir:
             ) from e
 
     def forget_failed(self, m: Manifest) -> int:
-        raise StoreError(
+        raise ConfigError(
             f"{self.url}: --retry-errors is not supported on object stores yet; run the failed"
             " rows (listed in errors/) as a new job"
         )
