@@ -165,3 +165,21 @@ def test_a_changed_object_is_refused_naming_the_run_and_retry_errors_is_78(tmp_p
         error = summary(p.stdout)["error"]
         assert error.startswith(f"{url} was started on a different input"), error
         assert "in.jsonl: content changed" in error and "rows changed: 1 ('r00')" in error
+
+
+def test_a_store_failing_under_a_parquet_reader_is_not_a_damaged_file(s3_env, monkeypatch):
+    """The store going away between the listing and the read of a Parquet object is the
+    store's failure (75), not 'not a readable Parquet file' (65, which says to repair it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobrunner.errors import StoreError
+    from jobrunner.formats.parquet import read_parquet
+
+    url = f"{s3_env}/in/a.parquet"
+    f, p = store.filesystem(url)
+    with f.open(p, "wb") as out:
+        pq.write_table(pa.table({"id": ["a"], "prompt": ["x"]}), out)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", gone := f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(StoreError, match=f"{url}: cannot reach the object store at {gone}"):
+        list(read_parquet(url, 10))

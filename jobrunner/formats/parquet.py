@@ -12,6 +12,7 @@ from jobrunner.formats.base import Format
 from jobrunner.formats.columns import is_json_text, json_dumps, storable
 from jobrunner.io.fs import is_remote, open_file
 from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.store_errors import from_store_error
 from jobrunner.types import RowError, RowRef
 
 
@@ -25,7 +26,7 @@ def read_parquet(file: str, batch_rows: int) -> Iterator[Item]:
         except StopIteration:
             return
         except Exception as e:  # a row group that does not decode: the file went bad here
-            raise InputDataError(
+            raise from_store_error(e, file) or InputDataError(
                 f"{file}: unreadable from row {row} on ({type(e).__name__}: {e}); the rows"
                 " before it are read. Repair or replace the file and run again"
             ) from e
@@ -107,7 +108,8 @@ def open_parquet(file: str) -> Any:
         source = file if not is_remote(file) else open_file(file)
         pf = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
     except Exception as e:  # pyarrow raises several types for a broken file
-        raise InputDataError(f"{file}: not a readable Parquet file: {e}") from e
+        user = from_store_error(e, file)  # or the store failed, not the file
+        raise user or InputDataError(f"{file}: not a readable Parquet file: {e}") from e
     _check_names(file, pf.schema_arrow.names)
     return pf
 
