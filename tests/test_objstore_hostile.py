@@ -183,3 +183,19 @@ def test_a_store_failing_under_a_parquet_reader_is_not_a_damaged_file(s3_env, mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", gone := f"http://127.0.0.1:{free_port()}")
     with pytest.raises(StoreError, match=f"{url}: cannot reach the object store at {gone}"):
         list(read_parquet(url, 10))
+
+
+def test_an_object_named_with_glob_characters_is_read_by_its_name(s3_env):
+    """Keys may hold spaces, unicode, `=`, `+`, `%`, `#`, `?` and `[`: each object named in
+    input.path is read, as a local file of that name is, and a prefix lists them all."""
+    from jobrunner.formats import input_files, read_rows
+
+    names = ["a b.jsonl", "ü€.jsonl", "x=1.jsonl", "p+q.jsonl", "pc%20.jsonl", "h#.jsonl"]
+    names += ["q?.jsonl", "data[1].jsonl", "star*.jsonl"]
+    f, root = store.filesystem(f"{s3_env}/in")
+    f.pipe({f"{root}/{n}": b'{"id": "%d", "prompt": "p"}\n' % i for i, n in enumerate(names)})
+    for n in names:
+        assert input_files(f"{s3_env}/in/{n}") == [f"{s3_env}/in/{n}"], n
+    assert sorted(input_files(f"{s3_env}/in")) == sorted(f"{s3_env}/in/{n}" for n in names)
+    ids = sorted(r.values["id"] for r in read_rows(f"{s3_env}/in"))
+    assert ids == sorted(str(i) for i in range(len(names)))

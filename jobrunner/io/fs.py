@@ -101,12 +101,13 @@ def url(fs: Any, path: str) -> str:
 
 
 def glob_files(path: str, anonymous: bool | None = None) -> list[str]:
-    """Every file at `path` on its store: the object itself, a prefix's objects, or a glob."""
+    """Every file at `path` on its store: the object itself (first, as a local file is: a key
+    may hold `[`, `*` or `?`), the objects a glob matches, or a prefix's objects."""
     fs, p = filesystem(path, anonymous)
-    if _glob.has_magic(p):
-        found = [f for f in fs.glob(p) if fs.isfile(f)]
-    elif fs.isfile(p):
+    if fs.isfile(p):
         found = [p]
+    elif _glob.has_magic(p):
+        found = [f for f in fs.glob(p) if fs.isfile(f)]
     else:
         found = fs.find(p)
     return sorted(url(fs, f) for f in found)
