@@ -76,6 +76,11 @@ def test_a_store_that_cannot_be_reached_is_a_temporary_error(tmp_path, s3_bucket
         assert f"cannot reach the object store at {gone}" in summary(p.stdout)["error"]
     p = _cli("report", url, AWS_ENDPOINT_URL=gone)
     assert p.returncode == 75, p.stderr[-2000:]
+    _retarget(job, input=str(tmp_path / "in.jsonl"))  # only the run directory is on the store
+    for command in ("run", "validate"):
+        p = _cli(command, str(job), AWS_ENDPOINT_URL=gone)
+        assert p.returncode == 75, p.stderr[-2000:]  # not 'bucket ... does not exist'
+        assert f"cannot reach the object store at {gone}" in summary(p.stdout)["error"]
 
 
 def test_a_bucket_that_does_not_exist_is_named_before_any_work(tmp_path, s3_bucket):

@@ -113,6 +113,23 @@ def glob_files(path: str, anonymous: bool | None = None) -> list[str]:
     return sorted(url(fs, f) for f in found)
 
 
+def missing_bucket(path: str) -> str | None:
+    """The bucket of an s3:// `path` where the store says it does not exist, else None. Only
+    a 404 counts: credentials that may not look at the bucket may still read or write under
+    their prefix, and a store that cannot be reached raises (store_errors: 75)."""
+    fs, p = filesystem(path)
+    bucket = p.split("/", 1)[0]
+    if scheme(path) not in ("s3", "s3a"):
+        return None
+    try:
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except FileNotFoundError:
+        return bucket
+    except PermissionError:
+        pass
+    return None
+
+
 def open_file(path: str, mode: str = "rb", anonymous: bool | None = None) -> IO:
     """A file object for a local path or a store URL."""
     if not is_remote(path):

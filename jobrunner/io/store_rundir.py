@@ -34,7 +34,7 @@ from typing import Any
 
 from jobrunner.errors import ConfigError, RunDirError, RunLocked, StoreError
 from jobrunner.formats import FORMATS
-from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, scheme
+from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, missing_bucket, scheme
 from jobrunner.io.identity import ROWS_FILE
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.row_ranges import CommittedRows
@@ -130,8 +130,8 @@ class StoreRunDir:
 
     def _check_bucket(self) -> None:
         """A bucket that does not exist is refused before any work, not at the first write."""
-        bucket = self.root.split("/", 1)[0]
-        if not self.fs.exists(bucket):
+        bucket = missing_bucket(self.url)
+        if bucket:
             raise RunDirError(
                 f"output.path {self.url}: bucket {bucket} does not exist (or these credentials"
                 " cannot see it): create it or choose another output.path"
