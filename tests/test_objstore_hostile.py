@@ -204,3 +204,17 @@ def test_an_object_named_with_glob_characters_is_read_by_its_name(s3_env):
     assert sorted(input_files(f"{s3_env}/in")) == sorted(f"{s3_env}/in/{n}" for n in names)
     ids = sorted(r.values["id"] for r in read_rows(f"{s3_env}/in"))
     assert ids == sorted(str(i) for i in range(len(names)))
+
+
+def test_an_output_prefix_made_as_a_console_folder_is_empty(tmp_path, s3_bucket):
+    """A prefix created as a folder (the zero-byte `out/` marker a console makes) holds nothing
+    of the user's: the run takes it, as it takes an empty local directory."""
+    _, expected = reference("static")
+    job, url = s3_job(tmp_path, s3_bucket)
+    f, root = store.filesystem(url)
+    f.pipe_file(f"{root}/", b"")
+    p = _cli("validate", str(job))
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    p = run(job)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert store_rows(url) == expected

@@ -122,9 +122,12 @@ class StoreRunDir:
         if self._list("commits"):
             return
         try:
-            foreign = sorted(k.rstrip("/").rsplit("/", 1)[-1] for k in self.fs.ls(self.root))
+            keys = [k.rstrip("/") for k in self.fs.ls(self.root, detail=False)]
         except FileNotFoundError:
-            foreign = []
+            keys = []
+        # the prefix's own folder marker (a zero-byte `prefix/`, as a console's "create
+        # folder" makes) is no content
+        foreign = sorted(k.rsplit("/", 1)[-1] for k in keys if k != self.root)
         if foreign:
             raise not_a_run(self.url, "no commits/", foreign, "under an empty prefix")
 
