@@ -218,3 +218,18 @@ def test_an_output_prefix_made_as_a_console_folder_is_empty(tmp_path, s3_bucket)
     p = run(job)
     assert p.returncode == 0, p.stderr[-3000:]
     assert store_rows(url) == expected
+
+
+def test_restart_of_a_run_at_a_bucket_root_keeps_the_bucket(tmp_path, s3_bucket):
+    """output.path s3://bucket: --restart removes the run's objects, never the bucket."""
+    _, expected = reference("static")
+    job, _ = s3_job(tmp_path, s3_bucket)
+    url = f"{s3_bucket}-out"
+    f, root = store.filesystem(url)
+    f.mkdir(root)
+    _retarget(job, output=url)
+    for args in ((), ("--restart",)):
+        p = run(job, *args)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert summary(p.stdout)["status"] == "done"
+        assert store_rows(url) == expected

@@ -367,9 +367,11 @@ class StoreRunDir:
                 self.fs.pipe_file(self._key(rel), f.read_bytes())
 
     def clear(self) -> None:
-        """--restart: every object under the prefix goes (check_ours: they are a run's)."""
-        if self.fs.exists(self.root):
-            self.fs.rm(self.root, recursive=True)
+        """--restart: every object under the prefix goes (check_ours: they are a run's); the
+        prefix itself stays, and so does the bucket of a run at a bucket's root."""
+        keys = [k for k in self.fs.find(self.root) if k.rstrip("/") != self.root]
+        if keys:
+            self.fs.rm(keys)
         self._shards, self._errors, self._seq, self._head = [], [], -1, None
         self._clear_staging()
         (self.path / "estimate.json").unlink(missing_ok=True)  # the earlier job's, as locally
