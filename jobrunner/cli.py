@@ -332,8 +332,11 @@ def quantize_check(
 @app.command(cls=_Command, short_help="write a commented job file for a data file")
 def init(
     input_file: Annotated[
-        Path,
-        typer.Argument(metavar="DATA_FILE", help="a .csv, .parquet or .jsonl file of your rows"),
+        str,
+        typer.Argument(
+            metavar="DATA_FILE",
+            help="a .csv, .parquet or .jsonl file of your rows (a path, or a store URL: s3://...)",
+        ),
     ],
     output: Annotated[
         Path | None,

@@ -17,6 +17,7 @@ from jobrunner.config import JobConfig, load_job
 from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import detect_format, input_format
 from jobrunner.io.compressed import plain_name
+from jobrunner.io.fs import filesystem, is_remote
 from jobrunner.io.readers import RawRow
 from jobrunner.io.writers import check_file_target
 from jobrunner.prep.render import BYTES, nameable
@@ -28,19 +29,22 @@ MESSAGES_NAMES = ("messages", "conversation", "chat")
 INSTRUCTION = "Summarize the following in one sentence."
 
 
-def write_job_file(data_file: Path, target: Path | None, force: bool) -> tuple[Path, str]:
-    """Write the job file; returns its path and a few lines saying what was proposed."""
-    if not data_file.is_file():
+def write_job_file(data_file: str, target: Path | None, force: bool) -> tuple[Path, str]:
+    """Write the job file; returns its path and a few lines saying what was proposed. A data
+    file in an object store (a URL) is named as it is, and its job file goes to the working
+    directory unless -o says where."""
+    remote = is_remote(data_file)
+    if not (_is_object(data_file) if remote else Path(data_file).is_file()):
         raise InputDataError(f"{data_file}: no such file (give a .csv, .parquet or .jsonl file)")
-    plain = Path(plain_name(str(data_file)))  # posts.csv.gz: the job is posts.yaml too
-    target = target or plain.with_suffix(".yaml")
+    plain = Path(plain_name(data_file))  # posts.csv.gz: the job is posts.yaml too
+    target = target or (Path(plain.name) if remote else plain).with_suffix(".yaml")
     check_file_target(target, "-o")
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass -o PATH for another file, or --force")
-    kind = detect_format(str(data_file), "auto")
-    rows = _sample(str(data_file), kind)
+    kind = detect_format(data_file, "auto")
+    rows = _sample(data_file, kind)
     job_dir = target.absolute().parent
-    rel_input = os.path.relpath(data_file.absolute(), job_dir)
+    rel_input = data_file if remote else os.path.relpath(Path(data_file).absolute(), job_dir)
     if kind == "openai-batch":
         text, said = _openai_batch_job(plain.stem, rel_input), "an OpenAI batch file"
     else:
@@ -48,6 +52,11 @@ def write_job_file(data_file: Path, target: Path | None, force: bool) -> tuple[P
     target.write_text(text, encoding="utf-8")
     load_job(target)  # what we wrote must load: a bug here is ours, not the user's
     return target, said
+
+
+def _is_object(url: str) -> bool:
+    fs, p = filesystem(url)
+    return fs.isfile(p)
 
 
 def _sample(file: str, kind: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 from crashkit import CLI, env, reference, run, start, summary
 from s3kit import TcpProxy, free_port
 from test_objstore_jobs import assert_no_garbage, commits, s3_job, store_rows
@@ -233,3 +234,20 @@ def test_restart_of_a_run_at_a_bucket_root_keeps_the_bucket(tmp_path, s3_bucket)
         assert p.returncode == 0, p.stderr[-3000:]
         assert summary(p.stdout)["status"] == "done"
         assert store_rows(url) == expected
+
+
+def test_init_writes_a_job_for_an_object_in_a_store(tmp_path, s3_bucket):
+    """`jobrunner init s3://...` samples the object and writes a job naming its URL, which
+    validates as it is; an object that is not there is named by its URL, not a mangled path."""
+    url = f"{s3_bucket}/corpus/posts.jsonl"
+    f, p = store.filesystem(url)
+    f.pipe_file(p, b'{"id": "a", "prompt": "Say hi."}\n{"id": "b", "prompt": "Say bye."}\n')
+    job = tmp_path / "posts.yaml"
+    r = _cli("init", url, "-o", str(job))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert yaml.safe_load(job.read_text())["input"]["path"] == url
+    r = _cli("validate", str(job))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    r = _cli("init", f"{s3_bucket}/corpus/none.jsonl", "-o", str(tmp_path / "none.yaml"))
+    assert r.returncode == 65, r.stderr[-2000:]
+    assert summary(r.stdout)["error"].startswith(f"{s3_bucket}/corpus/none.jsonl: no such file")
