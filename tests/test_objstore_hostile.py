@@ -251,3 +251,26 @@ def test_init_writes_a_job_for_an_object_in_a_store(tmp_path, s3_bucket):
     r = _cli("init", f"{s3_bucket}/corpus/none.jsonl", "-o", str(tmp_path / "none.yaml"))
     assert r.returncode == 65, r.stderr[-2000:]
     assert summary(r.stdout)["error"].startswith(f"{s3_bucket}/corpus/none.jsonl: no such file")
+
+
+def test_a_write_the_store_denies_is_a_configuration_error(s3_env, monkeypatch):
+    """AccessDenied on a PUT (a bucket policy, read-only credentials) is 78 naming the run and
+    the code: running the same command again cannot succeed, so it is not 75."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    from jobrunner.errors import ConfigError, StoreError
+    from jobrunner.io.store_rundir import StoreRunDir
+
+    url = f"{s3_env}/run"
+    rd = StoreRunDir(url)
+    m = rd.prepare()
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "Put")
+
+    def refuse(*args, **kwargs):
+        raise translate_boto_error(denied)  # as s3fs raises it: a PermissionError, no errno
+
+    monkeypatch.setattr(rd.fs, "pipe_file", refuse)
+    with pytest.raises(ConfigError, match=f"{url}: the object store refused .*AccessDenied") as e:
+        rd.save_manifest(m)
+    assert not isinstance(e.value, StoreError)
