@@ -274,3 +274,17 @@ def test_a_write_the_store_denies_is_a_configuration_error(s3_env, monkeypatch):
     with pytest.raises(ConfigError, match=f"{url}: the object store refused .*AccessDenied") as e:
         rd.save_manifest(m)
     assert not isinstance(e.value, StoreError)
+
+
+def test_other_clients_errors_are_left_to_the_other_mappings():
+    """An HTTP client's error holding a response object (huggingface_hub, requests) is not a
+    store's: from_store_error answers None and does not fail on it."""
+    from jobrunner.io.store_errors import from_store_error
+
+    class HubError(Exception):
+        def __init__(self) -> None:
+            super().__init__("404 Client Error")
+            self.response = object()
+
+    assert from_store_error(HubError()) is None
+    assert from_store_error(OSError(28, "No space left on device")) is None

@@ -93,7 +93,8 @@ def _chain(e: BaseException | None) -> Iterator[BaseException]:
 def _client_error(chain: list[BaseException]) -> tuple[str, dict]:
     """(the S3 error code, its Error fields) of the first botocore ClientError in `chain`."""
     for x in chain:
-        error = (getattr(x, "response", None) or {}).get("Error")
+        response = getattr(x, "response", None)  # other clients' errors hold objects here
+        error = response.get("Error") if isinstance(response, dict) else None
         if isinstance(error, dict) and error.get("Code"):
             return str(error["Code"]), error
     return "", {}
