@@ -47,8 +47,8 @@ def test_a_run_directory_inside_the_input_prefix_is_never_read_as_input(
 
 
 def test_a_prefix_names_the_objects_it_does_not_read(s3_env, caplog):
-    """Directory markers are skipped; `_SUCCESS` and notes are named in a warning, as in a
-    local folder, never dropped silently."""
+    """Directory markers and a writer's `_SUCCESS` are skipped; notes are named in a warning,
+    as in a local folder, never dropped silently."""
     from jobrunner.formats import input_files
     from jobrunner.io import fs as store
 
@@ -57,7 +57,7 @@ def test_a_prefix_names_the_objects_it_does_not_read(s3_env, caplog):
     f.pipe({f"{root}/sub/a.jsonl": b'{"id": "a", "prompt": "p"}\n', f"{root}/b.csv": b"id\nb\n"})
     url = f"{s3_env}/mixed"
     assert input_files(f"{url}/") == input_files(url) == [f"{url}/b.csv", f"{url}/sub/a.jsonl"]
-    assert "2 files of no input format are not read (_SUCCESS, n.txt)" in caplog.text
+    assert "1 files of no input format are not read (n.txt)" in caplog.text
 
 
 def _cli(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
