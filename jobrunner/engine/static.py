@@ -8,6 +8,7 @@ token it picks, so a row's sample does not depend on its batch neighbours.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -89,12 +90,13 @@ class StaticEngine(Engine):
 
         kwargs, rows = self._generate_kwargs(batch, pad)
         stop = StopWhenAsked(self)
-        out = self.loaded.model.generate(
-            input_ids=ids.to(self.loaded.device),
-            attention_mask=mask.to(self.loaded.device),
-            stopping_criteria=StoppingCriteriaList([stop]),
-            **kwargs,
-        )
+        with job_settings_only(self.loaded.model):
+            out = self.loaded.model.generate(
+                input_ids=ids.to(self.loaded.device),
+                attention_mask=mask.to(self.loaded.device),
+                stopping_criteria=StoppingCriteriaList([stop]),
+                **kwargs,
+            )
         if stop.fired:  # cut short by a stop request: its rows are unfinished, and rerun
             return []
         new = out[:, width:].tolist()
@@ -170,6 +172,23 @@ def attribute_batch(batch: list[Request], results: list[Result], seconds: float)
     for r, res, n in zip(batch, results, need, strict=True):
         res.usage.add_step(r.num_prompt_tokens, False, 0.0)
         res.usage.add_step(res.usage.completion_tokens, True, seconds * n / total)
+
+
+@contextlib.contextmanager
+def job_settings_only(model) -> Iterator[None]:
+    """generate() fills every setting its GenerationConfig leaves unset from the checkpoint's
+    generation_config.json (a repetition_penalty, no_repeat_ngram_size, suppressed or forced
+    tokens): the job's generation settings alone must decide a row's tokens, as they do on the
+    paged engine. For the call, the model's own config keeps only its token ids."""
+    from transformers import GenerationConfig
+
+    own = model.generation_config
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    model.generation_config = GenerationConfig(**{k: getattr(own, k, None) for k in ids})
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 class StopWhenAsked:
