@@ -3,9 +3,16 @@ common architectures, built here, run exactly as HF generate runs them (float32,
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+import pytest
 import torch
 from tinykit import chat_prompts, tiny_model
+from typer.testing import CliRunner
 
+from jobrunner.cli import app
 from jobrunner.config import JobConfig, ModelConfig
 from jobrunner.engine.loader import load_model
 from jobrunner.engine.paged import PagedEngine
@@ -58,3 +65,49 @@ def test_the_checkpoints_sampling_settings_never_reach_the_static_engine(tmp_pat
     assert run(StaticEngine(loaded, JobConfig()), prompts) == want
     assert run(paged(loaded), prompts) == want
     assert loaded.model.generation_config.repetition_penalty == 1.5  # the model is left as it was
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    return tiny_model(tmp_path_factory.mktemp("llama"))
+
+
+def copy_of(src: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(src, tmp_path / "model"))
+
+
+def run_job(tmp_path: Path, model: Path, **generation) -> tuple[int, dict]:
+    """`jobrunner run` on two chat rows with this model: the exit code and its summary."""
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": t}) + "\n" for i, t in enumerate(TEXTS[:2]))
+    )
+    job = {
+        "model": {"source": str(model), "dtype": "float32", "max_model_len": 256},
+        "input": {"path": "in.jsonl", "prompt": {"column": "prompt"}},
+        "generation": {"max_new_tokens": NEW, **generation},
+        "output": {"path": "out", "format": "jsonl"},
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    lines = result.stdout.strip().splitlines()
+    return result.exit_code, json.loads(lines[-1]) if lines else {}
+
+
+def test_a_safetensors_file_cut_short_is_78_naming_it(llama_dir, tmp_path):
+    """A download or copy that stopped half way was a SafetensorError traceback (exit 70)."""
+    model = copy_of(llama_dir, tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert str(weights) in summary["error"] and "cut short" in summary["error"]
+
+
+def test_weights_config_json_does_not_describe_are_78(llama_dir, tmp_path):
+    """config.json from another model (or a vocab_size edited) was a RuntimeError (exit 70)."""
+    model = copy_of(llama_dir, tmp_path)
+    conf = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**conf, "vocab_size": 1000}))
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert str(model) in summary["error"] and "config.json" in summary["error"]

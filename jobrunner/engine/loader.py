@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.config import ModelConfig
+from jobrunner.engine.checkpoint import check_safetensors, weights_match
 from jobrunner.engine.dtype_probe import choose_cpu_dtype
 from jobrunner.engine.resolve import (
     GGUF_CACHE_SUFFIX,
@@ -103,7 +104,8 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         kwargs["revision"] = cfg.revision
     if not cfg.allow_pickle:
         kwargs["use_safetensors"] = True
-    with model_files(weights_dir):
+    check_safetensors(weights_dir)
+    with model_files(weights_dir), weights_match(weights_dir):
         model = auto.from_pretrained(weights_dir, **kwargs)
         tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     model.to(device).eval()

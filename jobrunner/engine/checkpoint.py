@@ -1,0 +1,58 @@
+"""Checks of a local checkpoint's files that transformers leaves to a traceback: a safetensors
+file cut short (a download or copy that stopped), weights whose shapes config.json does not
+describe. Each is the user's to fix: a ConfigError (78) that names the file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from jobrunner.errors import ConfigError
+
+
+def check_safetensors(weights_dir: str) -> None:
+    """Every *.safetensors file in the folder holds its whole header and the bytes it names."""
+    for path in sorted(Path(weights_dir).glob("*.safetensors")):
+        why = _safetensors_damage(path)
+        if why:
+            raise ConfigError(f"model.source: {path} is damaged ({why}); download or copy it again")
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, shorter than a safetensors header"
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            return f"its header needs {8 + n} bytes, the file has {size}"
+        try:
+            header = json.loads(f.read(n))
+            end = max(
+                (t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError):
+            return "its header is not a safetensors header"
+    if 8 + n + end > size:
+        return f"its tensors need {8 + n + end} bytes, the file has {size}: it was cut short"
+    return None
+
+
+@contextlib.contextmanager
+def weights_match(weights_dir: str) -> Iterator[None]:
+    """transformers' refusal of weights whose shapes config.json does not give (a vocab_size or
+    hidden_size edited, the weights of another model) as a ConfigError naming both files."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "mismatched_sizes" not in str(e) and "size mismatch" not in str(e):
+            raise
+        raise ConfigError(
+            f"model.source: the weights in {weights_dir} do not have the shapes its config.json"
+            " gives (transformers' load report above names each one); config.json must be the"
+            " one saved with these weights"
+        ) from e
