@@ -111,3 +111,23 @@ def test_weights_config_json_does_not_describe_are_78(llama_dir, tmp_path):
     code, summary = run_job(tmp_path, model)
     assert code == 78
     assert str(model) in summary["error"] and "config.json" in summary["error"]
+
+
+def test_a_generation_config_that_does_not_read_is_78_naming_it(llama_dir, tmp_path):
+    """transformers passes over a generation_config.json it cannot read, and with it the EOS
+    ids a Llama-3-style chat turn ends with: the job ran every row to max_new_tokens."""
+    model = copy_of(llama_dir, tmp_path)
+    (model / "generation_config.json").write_text('{"eos_token_id": [2, 7,}')
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert str(model / "generation_config.json") in summary["error"]
+
+
+def test_a_folder_without_tokenizer_files_is_78_saying_so(llama_dir, tmp_path):
+    model = copy_of(llama_dir, tmp_path)
+    for f in model.glob("tokenizer*"):
+        f.unlink()
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert f"{model} has no tokenizer file" in summary["error"]
+    assert "tokenizer.json" in summary["error"]

@@ -1,6 +1,8 @@
-"""Checks of a local checkpoint's files that transformers leaves to a traceback: a safetensors
-file cut short (a download or copy that stopped), weights whose shapes config.json does not
-describe. Each is the user's to fix: a ConfigError (78) that names the file."""
+"""Checks of a local checkpoint's files that transformers leaves to a traceback or passes over: a
+safetensors file cut short (a download or copy that stopped), weights whose shapes config.json
+does not describe, a generation_config.json that does not read (transformers drops it, and with
+it the EOS ids a chat turn ends with), a folder without tokenizer files. Each is the user's to
+fix: a ConfigError (78) that names the file."""
 
 from __future__ import annotations
 
@@ -19,6 +21,40 @@ def check_safetensors(weights_dir: str) -> None:
         why = _safetensors_damage(path)
         if why:
             raise ConfigError(f"model.source: {path} is damaged ({why}); download or copy it again")
+
+
+def check_generation_config(weights_dir: str) -> None:
+    """generation_config.json, where there is one, is a JSON object: transformers falls back to
+    config.json's ids without a word when it is not, and a Llama-3-style model then never stops
+    at the end of its turn (<|eot_id|> is listed there only)."""
+    path = Path(weights_dir) / "generation_config.json"
+    if not path.is_file():
+        return
+    try:
+        ok = isinstance(json.loads(path.read_bytes()), dict)
+    except ValueError as e:
+        ok, why = False, str(e)
+    else:
+        why = "not a JSON object"
+    if not ok:
+        raise ConfigError(
+            f"model.source: {path} does not read ({why}); it holds the model's EOS ids: restore"
+            " it from the model's files"
+        )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def missing_tokenizer(where: str) -> str:
+    """A hint for a model folder with none of the usual tokenizer files, else ''."""
+    p = Path(where)
+    if not p.is_dir() or any((p / name).is_file() for name in TOKENIZER_FILES):
+        return ""
+    return (
+        f" ({where} has no tokenizer file: none of {', '.join(TOKENIZER_FILES)}; copy the"
+        " tokenizer saved with the model into it)"
+    )
 
 
 def _safetensors_damage(path: Path) -> str | None:

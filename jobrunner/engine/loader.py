@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from jobrunner.config import ModelConfig
-from jobrunner.engine.checkpoint import check_safetensors, weights_match
+from jobrunner.engine.checkpoint import (
+    check_generation_config,
+    check_safetensors,
+    missing_tokenizer,
+    weights_match,
+)
 from jobrunner.engine.dtype_probe import choose_cpu_dtype
 from jobrunner.engine.resolve import (
     GGUF_CACHE_SUFFIX,
@@ -74,11 +79,13 @@ def model_files(where: str) -> Iterator[None]:
     except (OSError, ValueError) as e:  # transformers raises either for a file it refuses
         if (env := from_os_error(e)) is not None:
             raise env from e
-        raise ConfigError(f"model.source: cannot load {where}: {e}{_load_hint(e)}") from e
+        raise ConfigError(f"model.source: cannot load {where}: {e}{_load_hint(e, where)}") from e
 
 
-def _load_hint(e: Exception) -> str:
+def _load_hint(e: Exception, where: str) -> str:
     text = str(e)
+    if "tokenizer" in text.lower() and missing_tokenizer(where):
+        return missing_tokenizer(where)
     if "safetensors" in text:
         return " (set model.allow_pickle: true to load .bin weights)"
     if "huggingface.co" in text:
@@ -105,6 +112,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     if not cfg.allow_pickle:
         kwargs["use_safetensors"] = True
     check_safetensors(weights_dir)
+    check_generation_config(weights_dir)
     with model_files(weights_dir), weights_match(weights_dir):
         model = auto.from_pretrained(weights_dir, **kwargs)
         tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
