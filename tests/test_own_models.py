@@ -131,3 +131,24 @@ def test_a_folder_without_tokenizer_files_is_78_saying_so(llama_dir, tmp_path):
     assert code == 78
     assert f"{model} has no tokenizer file" in summary["error"]
     assert "tokenizer.json" in summary["error"]
+
+
+@pytest.mark.parametrize("window, kind", [(4096, "paged"), (16, "static")])
+def test_a_sliding_window_falls_back_only_where_rows_outgrow_it(tmp_path, window, kind):
+    """Mistral v0.1 ships sliding_window 4096: in a 256-token context it never slides, and the
+    paged engine runs it (it fell back to the static engine, 'sliding-window attention (4096 <
+    max_model_len 1073741824)'). A window rows can outgrow falls back, naming the context."""
+    from jobrunner.engine.engines import make_engine
+
+    loaded = load(tiny_model(tmp_path, "mistral", {"sliding_window": window}))
+    cfg = JobConfig()
+    cfg.model.max_model_len = 256
+    cfg.engine.kv_cache_bytes = 1 << 22
+    engine = make_engine(loaded, cfg)
+    assert engine.kind == kind
+    if kind == "static":
+        assert engine.stats.notes == [
+            "fell back from paged to static: sliding-window attention (16 < max_model_len 256)"
+        ]
+    prompts = chat_prompts(TEXTS)
+    assert run(engine, prompts) == hf_greedy(loaded, prompts, do_sample=False)

@@ -92,6 +92,6 @@ class Engine:
         self._stop_requested = True
 
     @classmethod
-    def supports(cls, loaded: LoadedModel) -> str | None:
-        """None when this engine can run the model, else the reason it cannot."""
+    def supports(cls, loaded: LoadedModel, cfg: JobConfig) -> str | None:
+        """None when this engine can run the model for this job, else the reason it cannot."""
         return None

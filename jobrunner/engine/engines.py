@@ -42,7 +42,7 @@ def make_engine(loaded: LoadedModel, cfg: JobConfig) -> Engine:
         )
     kind = cfg.engine.kind if cfg.engine.kind != "auto" else "paged"
     cls = ENGINES.get(kind)
-    reason = cls.supports(loaded)
+    reason = cls.supports(loaded, cfg)
     if reason:
         log.warning("engine %r cannot run this model (%s); using the static engine", kind, reason)
         engine = ENGINES.get("static")(loaded, cfg)

@@ -53,15 +53,17 @@ class PagedEngine(Engine):
     kind = "paged"
 
     @classmethod
-    def supports(cls, loaded) -> str | None:
-        return unsupported_reason(loaded.model, 1 << 30)
+    def supports(cls, loaded, cfg) -> str | None:
+        """A sliding window counts where rows can outgrow it: the job's context, as the
+        engine caps it (a Mistral v0.1's 4096-token window never slides in 2048 tokens)."""
+        return unsupported_reason(loaded.model, _max_model_len(loaded, cfg))
 
     def __init__(self, loaded, cfg) -> None:
         super().__init__(loaded, cfg)
         e = cfg.engine
         if e.num_threads and loaded.device.type == "cpu":
             torch.set_num_threads(e.num_threads)
-        self.max_model_len = min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
+        self.max_model_len = _max_model_len(loaded, cfg)
         self.model = PagedCausalLM(loaded.model, self.max_model_len)
         # a stop abandons a long step between layers (model.StepInterrupted)
         self.model.stopping = lambda: self.stop_requested
@@ -374,6 +376,11 @@ class PagedEngine(Engine):
                 w.first_token_seconds = since
             else:
                 w.decode_seconds = since - w.first_token_seconds
+
+
+def _max_model_len(loaded, cfg) -> int:
+    """The job's context, capped at the model's own (max_position_embeddings)."""
+    return min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
 
 
 def _context_limit(hf_config) -> int:
