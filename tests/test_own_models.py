@@ -152,3 +152,13 @@ def test_a_sliding_window_falls_back_only_where_rows_outgrow_it(tmp_path, window
         ]
     prompts = chat_prompts(TEXTS)
     assert run(engine, prompts) == hf_greedy(loaded, prompts, do_sample=False)
+
+
+def test_a_tokenizer_larger_than_the_embeddings_is_78(tmp_path):
+    """Tokens added to a tokenizer without the embeddings resized: the first prompt holding
+    one ended the run with torch's 'index out of range' (exit 70)."""
+    model = tiny_model(tmp_path / "model", config={"vocab_size": 30000})
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert f"the tokenizer in {model} has 49152 tokens" in summary["error"]
+    assert "embeddings 30000 rows" in summary["error"]

@@ -11,6 +11,7 @@ import json
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from jobrunner.errors import ConfigError
 
@@ -40,6 +41,20 @@ def check_generation_config(weights_dir: str) -> None:
         raise ConfigError(
             f"model.source: {path} does not read ({why}); it holds the model's EOS ids: restore"
             " it from the model's files"
+        )
+
+
+def check_vocabulary(tokenizer: Any, model: Any, where: str) -> None:
+    """Every id the tokenizer can give has a row in the model's embeddings: tokens added to a
+    tokenizer without the embeddings resized put ids past them in prompts (torch's 'index out
+    of range' in the middle of a run)."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ConfigError(
+            f"model.source: the tokenizer in {where} has {len(tokenizer)} tokens, the model's"
+            f" embeddings {rows} rows (config.json vocab_size {model.config.vocab_size}): ids"
+            f" from {rows} on cannot be run; save the model after"
+            " model.resize_token_embeddings(len(tokenizer)), or use the tokenizer saved with it"
         )
 
 

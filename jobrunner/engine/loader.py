@@ -16,6 +16,7 @@ from jobrunner.config import ModelConfig
 from jobrunner.engine.checkpoint import (
     check_generation_config,
     check_safetensors,
+    check_vocabulary,
     missing_tokenizer,
     weights_match,
 )
@@ -116,6 +117,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     with model_files(weights_dir), weights_match(weights_dir):
         model = auto.from_pretrained(weights_dir, **kwargs)
         tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
+    check_vocabulary(tok, model, weights_dir)
     model.to(device).eval()
     torch.set_grad_enabled(False)
     log.info("loaded %s on %s as %s", src.name, device, str(dtype).removeprefix("torch."))
