@@ -162,3 +162,20 @@ def test_a_tokenizer_larger_than_the_embeddings_is_78(tmp_path):
     assert code == 78
     assert f"the tokenizer in {model} has 49152 tokens" in summary["error"]
     assert "embeddings 30000 rows" in summary["error"]
+
+
+def test_a_base_model_without_eos_or_pad_runs_on_the_static_engine(tmp_path):
+    """A GPT-2-style base model whose tokenizer and configs name no EOS and no pad token: the
+    static engine padded with min() of no EOS ids (exit 70); its rows run to their length."""
+    none = {"eos_token_id": None, "bos_token_id": None, "pad_token_id": None}
+    model = tiny_model(tmp_path, "gpt2", config=none, generation=none)
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({**conf, "eos_token": None, "pad_token": None})
+    )
+    loaded = load(model)
+    assert loaded.eos_token_ids == set() and loaded.tokenizer.pad_token_id is None
+    prompts = chat_prompts(TEXTS)
+    want = hf_greedy(loaded, prompts, do_sample=False)
+    assert all(len(w) == NEW for w in want)
+    assert run(StaticEngine(loaded, JobConfig()), prompts) == want

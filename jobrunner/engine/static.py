@@ -47,6 +47,12 @@ def pack_batches(
     return batches
 
 
+def pad_id(pad: int | None, eos: set[int]) -> int:
+    """The id left padding is filled with: the tokenizer's pad, else an EOS, else 0 (a base
+    model with neither): the attention mask hides the padding, so any id serves."""
+    return pad if pad is not None else min(eos, default=0)
+
+
 def _unconstrained(r: Request) -> Result:
     return error_result(
         r,
@@ -80,7 +86,7 @@ class StaticEngine(Engine):
         t0 = time.perf_counter()
         tok = self.loaded.tokenizer
         width = max(r.num_prompt_tokens for r in batch)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else min(self.loaded.eos_token_ids)
+        pad = pad_id(tok.pad_token_id, self.loaded.eos_token_ids)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, T) left-padded
         mask = torch.zeros_like(ids)
         for i, r in enumerate(batch):
@@ -116,7 +122,8 @@ class StaticEngine(Engine):
             max_new_tokens=max_new,
             do_sample=False,
             pad_token_id=pad,
-            eos_token_id=sorted(s.end_ids(self.loaded.eos_token_ids) or self.loaded.eos_token_ids),
+            eos_token_id=sorted(s.end_ids(self.loaded.eos_token_ids) or self.loaded.eos_token_ids)
+            or None,  # a model without EOS: rows end at their length
             num_beams=1,
         )
         if s.ignore_eos:
