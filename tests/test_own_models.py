@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tinykit import chat_prompts, tiny_model
+from tinykit import builtin_tokenizer, chat_prompts, tiny_model
 from typer.testing import CliRunner
 
 from jobrunner.cli import app
@@ -179,3 +179,24 @@ def test_a_base_model_without_eos_or_pad_runs_on_the_static_engine(tmp_path):
     want = hf_greedy(loaded, prompts, do_sample=False)
     assert all(len(w) == NEW for w in want)
     assert run(StaticEngine(loaded, JobConfig()), prompts) == want
+
+
+def test_the_static_engine_keeps_rows_within_a_learned_position_table(tmp_path):
+    """GPT-2 has 1024 learned positions (32 here) and a job's max_model_len defaults to 2048:
+    a row that outgrew the table ended the run with 'index out of range' (exit 70). Rows now
+    end at the model's context as on the paged engine (`length`), each as HF generates it
+    alone, and a prompt that fills the context is that row's error."""
+    loaded = load(tiny_model(tmp_path, "gpt2", config={"max_position_embeddings": 32}))
+    prompts = [builtin_tokenizer()(t)["input_ids"] for t in TEXTS]  # 3 to 8 tokens
+    reqs = [Request(f"r{i}", p, SamplingParams(max_new_tokens=40)) for i, p in enumerate(prompts)]
+    reqs.append(Request("long", list(range(100, 132)), SamplingParams(max_new_tokens=4)))
+    got = {r.id: r for r in StaticEngine(loaded, JobConfig()).generate(reqs)}
+    for i, p in enumerate(prompts):
+        x = torch.tensor([p])
+        want = loaded.model.generate(
+            x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=32 - len(p)
+        )[0, len(p) :].tolist()
+        assert got[f"r{i}"].token_ids == want
+        assert got[f"r{i}"].choices[0].finish_reason.value == "length"
+    assert got["long"].error_code == "prompt_too_long"
+    assert "the model's context, 32 tokens" in got["long"].error

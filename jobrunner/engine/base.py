@@ -95,3 +95,11 @@ class Engine:
     def supports(cls, loaded: LoadedModel, cfg: JobConfig) -> str | None:
         """None when this engine can run the model for this job, else the reason it cannot."""
         return None
+
+
+def model_context(loaded: LoadedModel, cfg: JobConfig) -> int:
+    """The tokens a row may hold, prompt and output: model.max_model_len, capped at the
+    model's own context (max_position_embeddings: past it a learned position table has no
+    row, and RoPE scaling was not trained), on every engine."""
+    own = getattr(loaded.hf_config, "max_position_embeddings", None) or 1 << 30
+    return min(cfg.model.max_model_len, own)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from itertools import islice
 
-from jobrunner.engine.base import Engine
+from jobrunner.engine.base import Engine, model_context
 from jobrunner.engine.finish import cut_at_end, error_result, make_choice, make_result
 from jobrunner.engine.sampler import RowSampler, sample
 from jobrunner.types import FinishReason, Request, Result
@@ -31,14 +32,17 @@ def sampling_groups(reqs: list[Request]) -> list[list[Request]]:
 
 
 def pack_batches(
-    reqs: list[Request], max_batch_tokens: int, max_num_seqs: int
+    reqs: list[Request], max_batch_tokens: int, max_num_seqs: int, context: int = 1 << 30
 ) -> list[list[Request]]:
-    """Sort by prompt length; cut batches so padded (prompt + new) tokens fit the budget."""
+    """Sort by prompt length; cut batches so padded (prompt + new) tokens fit the budget, and
+    each row's padded width the model's context: generate() runs every row of a batch for the
+    batch's most new tokens."""
     batches: list[list[Request]] = []
     cur: list[Request] = []
     for r in sorted(reqs, key=lambda r: r.num_prompt_tokens):
         width = r.num_prompt_tokens + max(x.sampling.max_new_tokens for x in [*cur, r])
-        if cur and (len(cur) + 1 > max_num_seqs or (len(cur) + 1) * width > max_batch_tokens):
+        full = len(cur) + 1 > max_num_seqs or (len(cur) + 1) * width > max_batch_tokens
+        if cur and (full or width > context):
             batches.append(cur)
             cur = []
         cur.append(r)
@@ -51,6 +55,19 @@ def pad_id(pad: int | None, eos: set[int]) -> int:
     """The id left padding is filled with: the tokenizer's pad, else an EOS, else 0 (a base
     model with neither): the attention mask hides the padding, so any id serves."""
     return pad if pad is not None else min(eos, default=0)
+
+
+def fit_context(r: Request, context: int) -> Request | Result:
+    """The row with its new tokens capped to the model's context (model_context), or its error
+    where the prompt leaves no room: as the paged engine does, so a model with a learned
+    position table (GPT-2's 1024) never indexes past it."""
+    n = r.num_prompt_tokens
+    if n >= context:
+        why = f"{n} prompt tokens leave no room (the model's context, {context} tokens)"
+        return error_result(r, "prompt_too_long", why)
+    if r.sampling.max_new_tokens <= context - n:
+        return r
+    return replace(r, sampling=replace(r.sampling, max_new_tokens=context - n))
 
 
 def _unconstrained(r: Request) -> Result:
@@ -69,11 +86,16 @@ class StaticEngine(Engine):
         it, e = iter(requests), self.cfg.engine
         window = max(e.order_window, e.max_num_seqs)
         budget = e.batch_tokens(self.loaded.device.type)
+        context = model_context(self.loaded, self.cfg)
         while not self._stop_requested and (chunk := list(islice(it, window))):
             yield from (_unconstrained(r) for r in chunk if r.sampling.structured is not None)
-            chunk = [r for r in chunk if r.sampling.structured is None]
+            fitted = [fit_context(r, context) for r in chunk if r.sampling.structured is None]
+            yield from (r for r in fitted if isinstance(r, Result))
+            chunk = [r for r in fitted if isinstance(r, Request)]
             batches = [
-                b for g in sampling_groups(chunk) for b in pack_batches(g, budget, e.max_num_seqs)
+                b
+                for g in sampling_groups(chunk)
+                for b in pack_batches(g, budget, e.max_num_seqs, context)
             ]
             for batch in batches:
                 if self._stop_requested:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from jobrunner.engine.base import Engine
+from jobrunner.engine.base import Engine, model_context
 from jobrunner.engine.finish import error_result
 from jobrunner.engine.paged.detok import Detokenizer, FinishedRow
 from jobrunner.engine.paged.kv_cache import kv_cache_for
@@ -56,14 +56,14 @@ class PagedEngine(Engine):
     def supports(cls, loaded, cfg) -> str | None:
         """A sliding window counts where rows can outgrow it: the job's context, as the
         engine caps it (a Mistral v0.1's 4096-token window never slides in 2048 tokens)."""
-        return unsupported_reason(loaded.model, _max_model_len(loaded, cfg))
+        return unsupported_reason(loaded.model, model_context(loaded, cfg))
 
     def __init__(self, loaded, cfg) -> None:
         super().__init__(loaded, cfg)
         e = cfg.engine
         if e.num_threads and loaded.device.type == "cpu":
             torch.set_num_threads(e.num_threads)
-        self.max_model_len = _max_model_len(loaded, cfg)
+        self.max_model_len = model_context(loaded, cfg)
         self.model = PagedCausalLM(loaded.model, self.max_model_len)
         # a stop abandons a long step between layers (model.StepInterrupted)
         self.model.stopping = lambda: self.stop_requested
@@ -376,12 +376,3 @@ class PagedEngine(Engine):
                 w.first_token_seconds = since
             else:
                 w.decode_seconds = since - w.first_token_seconds
-
-
-def _max_model_len(loaded, cfg) -> int:
-    """The job's context, capped at the model's own (max_position_embeddings)."""
-    return min(cfg.model.max_model_len, _context_limit(loaded.hf_config))
-
-
-def _context_limit(hf_config) -> int:
-    return getattr(hf_config, "max_position_embeddings", None) or 1 << 30
