@@ -200,3 +200,26 @@ def test_the_static_engine_keeps_rows_within_a_learned_position_table(tmp_path):
         assert got[f"r{i}"].choices[0].finish_reason.value == "length"
     assert got["long"].error_code == "prompt_too_long"
     assert "the model's context, 32 tokens" in got["long"].error
+
+
+@pytest.mark.parametrize("engine", [StaticEngine, PagedEngine])
+def test_rows_end_at_every_eos_id_the_checkpoint_lists(tmp_path, engine):
+    """Llama-3-Instruct ends a turn with <|eot_id|>, one of several EOS ids, not the
+    tokenizer's eos_token. Listed in generation_config.json they end rows as in HF generate;
+    listed in config.json only (a generation_config.json saved with sampling settings alone),
+    they ended nothing and rows ran to max_new_tokens."""
+    model = tiny_model(tmp_path / "probe")
+    prompts = chat_prompts(TEXTS)
+    plain = hf_greedy(load(model), prompts, do_sample=False)
+    ends = [plain[0][3], plain[1][5]]  # two turn-ending ids of this model's own choosing
+    assert ends[0] not in plain[0][:3] and ends[1] not in plain[1][:5]
+    for where in ("generation_config.json", "config.json"):
+        d = Path(shutil.copytree(model, tmp_path / where))
+        conf = json.loads((d / where).read_text())
+        (d / where).write_text(json.dumps({**conf, "eos_token_id": [2, *ends]}))
+        if where == "config.json":
+            (d / "generation_config.json").write_text('{"bos_token_id": 1, "temperature": 0.6}')
+        loaded = load(d)
+        got = run(paged(loaded) if engine is PagedEngine else engine(loaded, JobConfig()), prompts)
+        assert got[0] == plain[0][:4] and got[1] == plain[1][:6], where
+        assert got[2:] == plain[2:]

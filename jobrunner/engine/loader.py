@@ -49,12 +49,17 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> set[int]:
-        return eos_ids(self.tokenizer, self.model.generation_config)
+        return eos_ids(self.tokenizer, self.model.generation_config, self.model.config)
 
 
-def eos_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+def eos_ids(tokenizer: Any, generation_config: Any = None, model_config: Any = None) -> set[int]:
+    """The tokens that end a row: generation_config.json's EOS ids, config.json's and the
+    tokenizer's. HF generate reads generation_config.json's alone; a generation_config.json
+    saved without them (sampling settings only) left a chat model whose turn ends with an id
+    config.json lists (Llama 3's <|eot_id|>) generating to max_new_tokens."""
     ids: set[int] = set()
-    for src in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+    sources = (generation_config, model_config)
+    for src in (*(getattr(s, "eos_token_id", None) for s in sources), tokenizer.eos_token_id):
         if isinstance(src, int):
             ids.add(src)
         elif src:
