@@ -3,6 +3,7 @@ common architectures, built here, run exactly as HF generate runs them (float32,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -223,3 +224,18 @@ def test_rows_end_at_every_eos_id_the_checkpoint_lists(tmp_path, engine):
         got = run(paged(loaded) if engine is PagedEngine else engine(loaded, JobConfig()), prompts)
         assert got[0] == plain[0][:4] and got[1] == plain[1][:6], where
         assert got[2:] == plain[2:]
+
+
+def test_a_quantized_checkpoint_whose_package_is_missing_is_78(llama_dir, tmp_path):
+    """An AWQ/GPTQ/bitsandbytes checkpoint needs its package to load: transformers' ImportError
+    ended the run as an internal error (exit 70); it is the environment the job asks for."""
+    if importlib.util.find_spec("optimum") is not None:
+        pytest.skip("optimum is installed here")
+    model = copy_of(llama_dir, tmp_path)
+    conf = json.loads((model / "config.json").read_text())
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}
+    (model / "config.json").write_text(json.dumps({**conf, "quantization_config": gptq}))
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert summary["error"].startswith(f"model.source: cannot load {model}")
+    assert "optimum" in summary["error"]

@@ -79,10 +79,12 @@ def model_files(where: str) -> Iterator[None]:
     """What transformers refuses in the model's files is the user's to fix, never a bug: a hub
     id not in the cache, a file that is no GGUF, a config.json that is no JSON, a folder without
     a tokenizer or weights. One message for every command that reads them: 78 naming
-    model.source. An OSError the environment caused (a full disk) keeps its own code."""
+    model.source. So is a package the model's files ask for and this environment lacks (an AWQ,
+    GPTQ or bitsandbytes checkpoint's kernels): transformers' ImportError names what to
+    install. An OSError the environment caused (a full disk) keeps its own code."""
     try:
         yield
-    except (OSError, ValueError) as e:  # transformers raises either for a file it refuses
+    except (OSError, ValueError, ImportError) as e:  # a file refused, a package it needs
         if (env := from_os_error(e)) is not None:
             raise env from e
         raise ConfigError(f"model.source: cannot load {where}: {e}{_load_hint(e, where)}") from e
