@@ -239,3 +239,17 @@ def test_a_quantized_checkpoint_whose_package_is_missing_is_78(llama_dir, tmp_pa
     assert code == 78
     assert summary["error"].startswith(f"model.source: cannot load {model}")
     assert "optimum" in summary["error"]
+
+
+def test_a_checkpoint_without_its_lm_head_is_78(llama_dir, tmp_path):
+    """A folder whose weights lack the LM head (a classifier's or reward model's, a shard
+    left out) loaded with the head at random: exit 0 and noise in every row."""
+    from safetensors.torch import load_file, save_file
+
+    model = copy_of(llama_dir, tmp_path)
+    weights = load_file(model / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    code, summary = run_job(tmp_path, model)
+    assert code == 78
+    assert f"{model} has no weights for lm_head.weight" in summary["error"]

@@ -58,6 +58,21 @@ def check_vocabulary(tokenizer: Any, model: Any, where: str) -> None:
         )
 
 
+def check_complete(missing: set[str], where: str, archs: list[str] | None) -> None:
+    """Every weight a generate job reads came from the checkpoint: transformers starts the ones
+    it lacks at random (a classifier or reward model's folder, loaded for generation, has no
+    LM head) and the job's output would be noise."""
+    if not missing:
+        return
+    names = sorted(missing)
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    raise ConfigError(
+        f"model.source: {where} has no weights for {', '.join(names[:3])}{more}, which"
+        f" transformers would start at random (its architectures: {', '.join(archs or ['?'])});"
+        " give a causal language model checkpoint with all its weights"
+    )
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from jobrunner.engine import heap
 from jobrunner.engine.base import Engine
+from jobrunner.engine.checkpoint import check_complete
 from jobrunner.engine.paged import PagedEngine
 from jobrunner.engine.static import StaticEngine
 from jobrunner.errors import ConfigError
@@ -40,6 +41,8 @@ def make_engine(loaded: LoadedModel, cfg: JobConfig) -> Engine:
             f"model.source: {loaded.source.name} is an encoder without a language-model head;"
             " it can only embed (set task: embed)"
         )
+    archs = loaded.hf_config.architectures
+    check_complete(set(loaded.missing_weights), loaded.weights_dir, archs)
     kind = cfg.engine.kind if cfg.engine.kind != "auto" else "paged"
     cls = ENGINES.get(kind)
     reason = cls.supports(loaded, cfg)

@@ -42,6 +42,9 @@ class LoadedModel:
     weights_dir: str  # local HF directory holding config.json + safetensors
     encoder: bool = False  # an encoder (BERT family) loaded as AutoModel: embed jobs only
     dtype_reason: str = ""  # why this dtype (model.dtype auto: the rule or the measurement)
+    # weights the checkpoint lacks, started at random by transformers: a generate job refuses
+    # them (engines.make_engine); an embed job reads no LM head or pooler
+    missing_weights: tuple[str, ...] = ()
 
     @property
     def hf_config(self) -> Any:
@@ -122,13 +125,14 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     check_safetensors(weights_dir)
     check_generation_config(weights_dir)
     with model_files(weights_dir), weights_match(weights_dir):
-        model = auto.from_pretrained(weights_dir, **kwargs)
+        model, info = auto.from_pretrained(weights_dir, output_loading_info=True, **kwargs)
         tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     check_vocabulary(tok, model, weights_dir)
     model.to(device).eval()
     torch.set_grad_enabled(False)
     log.info("loaded %s on %s as %s", src.name, device, str(dtype).removeprefix("torch."))
-    return LoadedModel(model, tok, src, device, dtype, weights_dir, encoder, dtype_reason)
+    missing = tuple(sorted(info.get("missing_keys") or ()))
+    return LoadedModel(model, tok, src, device, dtype, weights_dir, encoder, dtype_reason, missing)
 
 
 def is_encoder_dir(weights_dir: str) -> bool:
