@@ -253,3 +253,23 @@ def test_a_checkpoint_without_its_lm_head_is_78(llama_dir, tmp_path):
     code, summary = run_job(tmp_path, model)
     assert code == 78
     assert f"{model} has no weights for lm_head.weight" in summary["error"]
+
+
+def test_a_checkpoint_with_its_own_code_names_the_job_key_that_allows_it(llama_dir, tmp_path):
+    """transformers asks for `trust_remote_code=True`, an argument a job file has no place for;
+    a local folder missing that code was told to download from the hub."""
+    model = copy_of(llama_dir, tmp_path)
+    conf = json.loads((model / "config.json").read_text())
+    code_map = {"AutoConfig": "configuration_my.MyConfig"}
+    (model / "config.json").write_text(
+        json.dumps({**conf, "model_type": "mine", "auto_map": code_map})
+    )
+    code, summary = run_job(tmp_path, model)
+    assert code == 78 and "set model.trust_remote_code: true" in summary["error"]
+    job = json.loads((tmp_path / "job.yaml").read_text())
+    job["model"]["trust_remote_code"] = True
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert result.exit_code == 78 and "configuration_my.py" in error
+    assert "hf download" not in error  # a local folder: nothing to download

@@ -99,7 +99,9 @@ def _load_hint(e: Exception, where: str) -> str:
         return missing_tokenizer(where)
     if "safetensors" in text:
         return " (set model.allow_pickle: true to load .bin weights)"
-    if "huggingface.co" in text:
+    if "trust_remote_code=True" in text:
+        return " (set model.trust_remote_code: true to run the model's own code, if you trust it)"
+    if "huggingface.co" in text and not Path(where).exists():  # a hub id, not a local folder
         return (
             " (jobrunner reads the hub offline: download the model first, e.g."
             " `hf download ORG/NAME`, or give its local folder)"
