@@ -273,3 +273,12 @@ def test_a_checkpoint_with_its_own_code_names_the_job_key_that_allows_it(llama_d
     error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
     assert result.exit_code == 78 and "configuration_my.py" in error
     assert "hf download" not in error  # a local folder: nothing to download
+
+
+def test_a_weights_link_to_a_missing_file_is_78(llama_dir, tmp_path):
+    """A hub cache snapshot links its files to blobs; a blob removed leaves the link."""
+    model = copy_of(llama_dir, tmp_path)
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors").symlink_to(tmp_path / "blobs" / "gone")
+    code, summary = run_job(tmp_path, model)
+    assert code == 78 and str(model) in summary["error"]

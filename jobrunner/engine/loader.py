@@ -124,9 +124,9 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         kwargs["revision"] = cfg.revision
     if not cfg.allow_pickle:
         kwargs["use_safetensors"] = True
-    check_safetensors(weights_dir)
-    check_generation_config(weights_dir)
     with model_files(weights_dir), weights_match(weights_dir):
+        check_safetensors(weights_dir)  # (a link to a blob that is gone: 78 as well)
+        check_generation_config(weights_dir)
         model, info = auto.from_pretrained(weights_dir, output_loading_info=True, **kwargs)
         tok = _tokenizer(weights_dir, cfg.trust_remote_code, None)
     check_vocabulary(tok, model, weights_dir)
