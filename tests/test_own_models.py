@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,24 @@ def test_a_weights_link_to_a_missing_file_is_78(llama_dir, tmp_path):
     (model / "model.safetensors").symlink_to(tmp_path / "blobs" / "gone")
     code, summary = run_job(tmp_path, model)
     assert code == 78 and str(model) in summary["error"]
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"abc", "shorter than a safetensors header"),
+        (struct.pack("<Q", 5) + b"[1,2]", "its header is not a safetensors header"),
+        (struct.pack("<Q", 2) + b"{}" + b"x" * 10, None),
+    ],
+)
+def test_a_safetensors_header_is_read_before_the_load(tmp_path, content, why):
+    from jobrunner.engine.checkpoint import check_safetensors
+    from jobrunner.errors import ConfigError
+
+    (tmp_path / "model.safetensors").write_bytes(content)
+    if why is None:
+        check_safetensors(str(tmp_path))
+        return
+    with pytest.raises(ConfigError, match=why) as caught:
+        check_safetensors(str(tmp_path))
+    assert str(tmp_path / "model.safetensors") in str(caught.value)

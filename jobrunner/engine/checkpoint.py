@@ -1,8 +1,9 @@
 """Checks of a local checkpoint's files that transformers leaves to a traceback or passes over: a
 safetensors file cut short (a download or copy that stopped), weights whose shapes config.json
 does not describe, a generation_config.json that does not read (transformers drops it, and with
-it the EOS ids a chat turn ends with), a folder without tokenizer files. Each is the user's to
-fix: a ConfigError (78) that names the file."""
+it the EOS ids a chat turn ends with), a folder without tokenizer files, a tokenizer larger than
+the embeddings, weights the checkpoint lacks (started at random). Each is the user's to fix: a
+ConfigError (78) that names the file."""
 
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ def missing_tokenizer(where: str) -> str:
 
 
 def _safetensors_damage(path: Path) -> str | None:
+    """What is wrong with a safetensors file, read from its header alone, or None: the 8-byte
+    header length, the JSON header, and the end of its last tensor's bytes."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -101,7 +104,7 @@ def _safetensors_damage(path: Path) -> str | None:
             end = max(
                 (t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0
             )
-        except (ValueError, TypeError, KeyError, IndexError):
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return "its header is not a safetensors header"
     if 8 + n + end > size:
         return f"its tensors need {8 + n + end} bytes, the file has {size}: it was cut short"
