@@ -304,3 +304,21 @@ def test_a_safetensors_header_is_read_before_the_load(tmp_path, content, why):
     with pytest.raises(ConfigError, match=why) as caught:
         check_safetensors(str(tmp_path))
     assert str(tmp_path / "model.safetensors") in str(caught.value)
+
+
+def test_a_missing_shard_is_named_without_the_pickle_hint(tmp_path):
+    """A sharded checkpoint with a shard left out was told to set model.allow_pickle for .bin
+    weights it does not have; a folder of .bin weights still is."""
+    model = tiny_model(tmp_path / "sharded", max_shard_size="5MB")
+    shards = sorted(model.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (model / "model.safetensors.index.json").is_file()
+    shards[1].unlink()
+    code, summary = run_job(tmp_path, model)
+    assert code == 78 and str(shards[1]) in summary["error"]
+    assert "allow_pickle" not in summary["error"]
+    pickled = copy_of(model, tmp_path)
+    for f in [*pickled.glob("model*.safetensors*")]:
+        f.unlink()
+    (pickled / "pytorch_model.bin").write_bytes(b"")
+    code, summary = run_job(tmp_path, pickled)
+    assert code == 78 and "set model.allow_pickle: true" in summary["error"]

@@ -97,7 +97,7 @@ def _load_hint(e: Exception, where: str) -> str:
     text = str(e)
     if "tokenizer" in text.lower() and missing_tokenizer(where):
         return missing_tokenizer(where)
-    if "safetensors" in text:
+    if "safetensors" in text and _pickled_only(where):
         return " (set model.allow_pickle: true to load .bin weights)"
     if "trust_remote_code=True" in text:
         return " (set model.trust_remote_code: true to run the model's own code, if you trust it)"
@@ -107,6 +107,13 @@ def _load_hint(e: Exception, where: str) -> str:
             " `hf download ORG/NAME`, or give its local folder)"
         )
     return ""
+
+
+def _pickled_only(where: str) -> bool:
+    """A folder whose weights are pickled (.bin) files (or a hub id: its files are not listed
+    here), where safetensors were asked for: not one whose safetensors shard is missing."""
+    p = Path(where)
+    return not p.is_dir() or any(p.glob("*.bin")) or any(p.glob("*.pt"))
 
 
 def load_model(cfg: ModelConfig) -> LoadedModel:
