@@ -322,3 +322,27 @@ def test_a_missing_shard_is_named_without_the_pickle_hint(tmp_path):
     (pickled / "pytorch_model.bin").write_bytes(b"")
     code, summary = run_job(tmp_path, pickled)
     assert code == 78 and "set model.allow_pickle: true" in summary["error"]
+
+
+def test_messages_for_a_model_without_chat_template_are_78_before_any_row(llama_dir, tmp_path):
+    """A base model has no chat template: a messages job failed every row alike
+    ('no_chat_template'), after the model loaded, and exited 65."""
+    model = copy_of(llama_dir, tmp_path)
+    (model / "chat_template.jinja").unlink()
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    conf.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(conf))
+    (tmp_path / "in.jsonl").write_text(
+        json.dumps({"id": "a", "messages": [{"role": "user", "content": "Hi"}]}) + "\n"
+    )
+    job = {
+        "model": {"source": str(model), "dtype": "float32"},
+        "input": {"path": "in.jsonl", "prompt": {"messages_column": "messages"}},
+        "output": {"path": "out"},
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    for command in ("validate", "run"):
+        result = CliRunner().invoke(app, [command, str(tmp_path / "job.yaml")])
+        error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+        assert result.exit_code == 78, error
+        assert error.startswith("input.prompt.messages_column: the model's tokenizer has no chat")
