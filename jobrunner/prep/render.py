@@ -123,7 +123,11 @@ class PromptRenderer:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.use_chat = bool(cfg.use_chat_template and getattr(tokenizer, "chat_template", None))
-        if cfg.prompt.messages_column and not getattr(tokenizer, "chat_template", None):
+        if (  # the id scans have no tokenizer
+            tokenizer is not None
+            and cfg.prompt.messages_column
+            and not getattr(tokenizer, "chat_template", None)
+        ):
             raise ConfigError(  # every row would fail alike: the job's, before any row runs
                 "input.prompt.messages_column: the model's tokenizer has no chat template to"
                 " render messages with (a base model); give a chat model, or a text prompt"
