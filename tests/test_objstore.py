@@ -39,6 +39,11 @@ def test_a_spark_prefix_is_read_as_spark_reads_it(s3_env):
     want = [f"{s3_env}/spark/part-00000.snappy.parquet"]
     assert input_files(f"{s3_env}/spark") == want
     assert input_files(f"{s3_env}/spark/**/*.parquet") == want
+    # Hadoop's name for the same store: its listing names the objects s3://
+    s3a = s3_env.replace("s3://", "s3a://", 1)
+    assert [u.split("://", 1)[1] for u in input_files(f"{s3a}/spark")] == [
+        u.split("://", 1)[1] for u in want
+    ]
 
 
 def test_scan_and_read_rows_from_s3(s3_env):

@@ -60,6 +60,27 @@ def test_a_prefix_names_the_objects_it_does_not_read(s3_env, caplog):
     assert "1 files of no input format are not read (n.txt)" in caplog.text
 
 
+def test_a_named_format_reads_a_prefixs_suffixless_objects_and_no_others(s3_env):
+    """With input.format named, Hive's suffix-less objects are read as it, and a note, another
+    format's object or a folder marker still are not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobrunner.formats import input_files
+    from jobrunner.io import fs as store
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": ["a"], "text": ["t"]}), sink)
+    data = sink.getvalue().to_pybytes()
+    f, root = store.filesystem(f"{s3_env}/hive")
+    f.pipe({f"{root}/{k}": data for k in ("part-0.parquet", "000000_0", "sub/x.parquet")})
+    f.pipe({f"{root}/README.txt": b"notes", f"{root}/sub/": b""})
+    url = f"{s3_env}/hive"
+    want = [f"{url}/000000_0", f"{url}/part-0.parquet", f"{url}/sub/x.parquet"]
+    assert input_files(url, "parquet") == input_files(f"{url}/", "parquet") == want
+    assert input_files(url) == want[1:]
+
+
 def _cli(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, env=env(**extra_env), timeout=600

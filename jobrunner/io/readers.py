@@ -84,8 +84,10 @@ def _store_files(path: str, suffixes: Collection[str], quiet: bool) -> list[str]
         raise InputDataError(f"input.path: no input files found at {path!r}{_no_bucket(path)}")
     every = outside_store_runs(listed, str(input_root(path)), complete=not magic)
     every = _data_files(path, every, suffixes, quiet)
-    named = magic or _suffix(path) in suffixes
-    found = [f for f in every if named or _suffix(f) in suffixes]
+    # the path is the object itself, or a glob: its objects are read whatever their suffix
+    # ("" is among `suffixes` when the job names its format: Hive's 000000_0 under a prefix)
+    named = magic or listed == [path] or (_suffix(path) != "" and _suffix(path) in suffixes)
+    found = [f for f in every if (named or _suffix(f) in suffixes) and not f.endswith("/")]
     if not quiet and not named:  # a directory marker (a key ending in /) is no file
         others = [f for f in every if _suffix(f) not in suffixes and not f.endswith("/")]
         _note_skipped(path, others)
@@ -119,9 +121,12 @@ def _fixed_root(path: str) -> str:
 
 
 def _parts_below(file: str, root: str) -> list[str]:
-    """The names of `file`'s path below `root` (none where it is not below it)."""
+    """The names of `file`'s path below `root` (none where it is not below it). A store's
+    listing may name its scheme otherwise than the path does (`s3a://` listed as `s3://`)."""
     if not is_remote(file):
         file, root = os.path.normpath(file), os.path.normpath(root or ".")
+    else:
+        file, root = file.split("://", 1)[-1], root.split("://", 1)[-1]
     root = root.rstrip("/")
     if root == ".":
         return file.split("/")
