@@ -201,6 +201,24 @@ def test_a_file_separated_by_semicolons_tabs_or_pipes_is_read_by_its_separator(t
     assert code == 0 and summary["rows"] == 2 and summary["valid"] == 2, summary
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"Question; answer\nWhat is 2+2; explain\nHi there\n",
+        b"prompt\tv2\nsay hi\nsay\tbye\n",
+        b"prompt|answer\nA|B|C\nplain\n",
+    ],
+    ids=["semicolon", "tab", "pipe"],
+)
+def test_a_one_column_file_whose_header_holds_a_separator_stays_one_column(tmp_path, data):
+    """Its rows are not cut alike by the separator: the file is one column, as before."""
+    f = tmp_path / "in.csv"
+    f.write_bytes(data)
+    header, *rows = data.decode().splitlines()
+    assert [g.values for g in read_rows(str(f))] == [{header: r} for r in rows]
+    assert [r.fields for r in _parsed_slowly(f)] == [[r] for r in rows]
+
+
 def test_duplicate_ids_are_placed_on_their_lines(tmp_path):
     f = tmp_path / "in.csv"
     f.write_bytes(b'id,prompt\n1,"two\nlines"\n2,x\n\n1,z\n')
@@ -273,11 +291,13 @@ def _parsed_slowly(path) -> list:
 
 
 def _python_csv(data: bytes) -> list[list[str]]:
-    """The rows Python's csv module reads, cut by the separator the file was written with."""
-    text = data.decode("utf-8-sig")
-    delimiter = next((d for d in ",;\t" if d in text.split("\n", 1)[0]), ",")
-    return [r for r in csv.reader(io.StringIO(text, newline=""), delimiter=delimiter) if r]
+    """The rows Python's csv module reads, cut by the separator the reader takes for the file
+    (which separator that is: the examples above)."""
+    from jobrunner.io.csv_rows import sniff_delimiter
+
+    lines = io.StringIO(data.decode("utf-8-sig", "surrogateescape"), newline="").readlines()
+    return [r for r in csv.reader(lines, delimiter=sniff_delimiter(lines)) if r]
 
 
 def _header(data: bytes) -> list[str]:
-    return _python_csv(data.split(b"\n", 1)[0] + b"\n")[0]
+    return _python_csv(data)[0]

@@ -11,7 +11,9 @@ A compressed file's text is read as it is decompressed (io/compressed.py).
 
 The separator is the header's (`sniff_delimiter`): a comma when the header holds one outside
 quotes, else whichever of `;` (Excel's CSV where the decimal mark is a comma), tab and `|` it
-holds most; a one-column header, a comma. Every row of the file is cut by it.
+holds most, where the file's first rows agree (each cut into as many fields as the header);
+else a comma (a one-column file whose header holds a `;` stays one column). Every row of the
+file is cut by it.
 
 The fast path: a block after the header, valid UTF-8, that pyarrow reads into as many rows as
 it has lines, the last line's quotes closed, has each row on one line; there pyarrow cuts the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -42,6 +45,8 @@ _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8 (surrogate
 _BREAK = re.compile(r"\r\n?|\n")
 _QUOTED = re.compile(r'"[^"]*"?')
 OTHER_DELIMITERS = ";\t|"  # a header without a comma outside quotes is cut by one of these
+SNIFF_ROWS = 50  # the rows after the header that must agree with another separator
+SNIFF_BYTES = 1 << 16  # the file's head the separator is told from
 
 
 class Row(NamedTuple):
@@ -74,6 +79,7 @@ class CsvRows:
         holds the `columns` the header has (None: all of them)."""
         csv.field_size_limit(max(csv.field_size_limit(), MAX_FIELD_CHARS))
         try:
+            self.delimiter = self._sniff()
             f = open_input(self.file)
         except OSError as e:
             raise InputDataError(f"{self.file}: not a readable CSV file: {e}") from e
@@ -97,6 +103,16 @@ class CsvRows:
                 " are read. Repair the file and run again"
             ) from e
 
+    def _sniff(self) -> str:
+        """The file's separator, from its first SNIFF_BYTES (whatever the blocks' size)."""
+        with open_input(self.file) as f:
+            head = f.read(SNIFF_BYTES)
+            whole = len(head) < SNIFF_BYTES
+        if not whole:  # whole lines only
+            head = head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
+        text = head.removeprefix(BOM).decode("utf-8", "surrogateescape")
+        return sniff_delimiter(io.StringIO(text, newline="").readlines())
+
     def _plain_block(self, data: bytes, columns: list[str] | None) -> Block | None:
         if self.header is None or not _is_utf8(data):
             return None
@@ -116,8 +132,6 @@ class CsvRows:
         """The rows of `data` (whole lines from a row boundary); returns the lines of a row
         the block's end cuts off, to be parsed again with the next block."""
         lines, escaped = self._lines(data)
-        if self.header is None:
-            self.delimiter = sniff_delimiter(next((x for x in lines if x.strip()), ""))
         done: list[bool] = []
         reader = csv.reader(_until_end(lines, done), delimiter=self.delimiter, strict=False)
         width = len(self.header) if self.header is not None else 0
@@ -187,14 +201,24 @@ class CsvRows:
         )
 
 
-def sniff_delimiter(header: str) -> str:
-    """The separator of a file whose header line is `header` (module doc)."""
+def sniff_delimiter(lines: list[str]) -> str:
+    """The separator of a file whose first lines are `lines` (module doc)."""
+    header = next((x for x in lines if x.strip()), "")
     outside = _QUOTED.sub("", header)
     if "," in outside:
         return ","
-    counts = {d: outside.count(d) for d in OTHER_DELIMITERS}
-    best = max(counts, key=counts.__getitem__)
-    return best if counts[best] else ","
+    for d in sorted(OTHER_DELIMITERS, key=outside.count, reverse=True):
+        if outside.count(d) and _rows_agree(lines, d):
+            return d
+    return ","
+
+
+def _rows_agree(lines: list[str], delimiter: str) -> bool:
+    """Whether the header and the rows after it (SNIFF_ROWS of them, or as many as `lines`
+    hold) are cut by `delimiter` into the same number of fields."""
+    rows = (r for r in csv.reader(lines, delimiter=delimiter, strict=False) if r)
+    sample = list(itertools.islice(rows, SNIFF_ROWS + 1))
+    return all(len(r) == len(sample[0]) for r in sample)
 
 
 def read_plain(
@@ -215,9 +239,10 @@ def read_plain(
     )
     try:
         buf = pa.py_buffer(data)
-        return pcsv.read_csv(buf, read_options=opts, parse_options=parse, convert_options=convert)
+        table = pcsv.read_csv(buf, read_options=opts, parse_options=parse, convert_options=convert)
     except pa.ArrowInvalid:  # a row of another width than the header's
         return None
+    return table if columns else table.select([])  # none asked: pyarrow reads them all
 
 
 def _until_end(lines: list[str], done: list[bool]) -> Iterator[str]:
