@@ -46,6 +46,26 @@ def test_a_run_directory_inside_the_input_prefix_is_never_read_as_input(
     assert summary(p.stdout)["rows"]["succeeded"] == len(expected[0])
 
 
+def test_a_glob_over_partition_folders_lists_no_folder_for_run_records(s3_env, monkeypatch):
+    """Only objects named as a run's are checked for a run directory above them: a glob over
+    many partition folders costs no listing a folder (each one a LIST request)."""
+    from jobrunner.formats import input_files
+    from jobrunner.io import fs as store
+    from jobrunner.io import identity
+    from jobrunner.io.rundir import OWN_FILES, OWN_FOLDER_FILES
+
+    f, root = store.filesystem(f"{s3_env}/parts")
+    f.pipe({f"{root}/date=2024-01-{d:02d}/part-0.jsonl": b'{"id": "a"}\n' for d in range(1, 13)})
+    listed = []
+    real = identity._holds_records
+    monkeypatch.setattr(identity, "_holds_records", lambda d: listed.append(d) or real(d))
+    assert len(input_files(f"{s3_env}/parts/*/*.jsonl")) == 12
+    assert listed == []
+    for name in OWN_FILES:  # what a run writes is recognised, so its folders are checked
+        inner = f"{name}/x" if name in OWN_FOLDER_FILES else name
+        assert identity.RUN_OBJECT.search(f"s3://b/run/{inner}"), name
+
+
 def test_a_prefix_names_the_objects_it_does_not_read(s3_env, caplog):
     """Directory markers and a writer's `_SUCCESS` are skipped; notes are named in a warning,
     as in a local folder, never dropped silently."""

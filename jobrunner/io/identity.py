@@ -325,17 +325,27 @@ def outside_run_dirs(files: list[str], root: Path) -> list[str]:
 
 # A store run directory's commit records (io/store_rundir.py): `<run>/commits/NNNNNNNNNN.json`.
 _STORE_RECORD = re.compile(r"^(.+)/commits/\d{10}\.json$")
+# An object named as a run directory's are (rundir.OWN_FILES, OWN_FOLDER_FILES; a store run's
+# errors/ and commits/): only such objects of a glob have their folders checked for records.
+RUN_OBJECT = re.compile(
+    r"/(results|rows|telemetry|ray-errors|errors|commits)/[^/]+$"
+    r"|/(errors\.jsonl|manifest\.json|input_rows\.parquet|report\.\w+|metrics\.prom"
+    r"|output\.jsonl|batch\.json|estimate\.json|_SUCCESS)$"
+)
 
 
 def outside_store_runs(files: list[str], root: str, complete: bool) -> list[str]:
     """`files` (store URLs) without those inside a store run directory under `root` (a prefix
     holding commit records): an output.path inside the input prefix is never read back as
     input rows. `complete`: `files` is every object under `root` (a prefix's listing), so the
-    records are among them; otherwise (a glob) each folder from a file up to `root` is listed
-    once."""
+    records are among them; otherwise (a glob) each folder from a file named as a run's
+    objects are (RUN_OBJECT) up to `root` is listed once: a partitioned corpus's files cost no
+    listing."""
     verdict = {m[1]: True for f in files if (m := _STORE_RECORD.match(f))}
 
     def inside(f: str) -> bool:
+        if not complete and not RUN_OBJECT.search(f):
+            return False  # not named as a run's objects are: no folder of it is listed
         d = f.rstrip("/").rsplit("/", 1)[0]
         while len(d) >= len(root):
             if d not in verdict:
