@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,11 @@ def open_parquet(file: str) -> Any:
 
 def _check_names(file: str, names: list[str]) -> None:
     """Two columns of one name (pyarrow writes them) would leave a row one of the values."""
-    twice = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(names)
+    twice = sorted(n for n, k in counts.items() if k > 1)
     if twice:
         raise InputDataError(
-            f"{file}: the column name {twice[0]!r} is used by {names.count(twice[0])} columns"
+            f"{file}: the column name {twice[0]!r} is used by {counts[twice[0]]} columns"
             " (a row would keep one of their values); rename them apart and run again"
         )
 

@@ -6,7 +6,9 @@ aiohttp), wherever it was raised: the CLI applies it to any error that reaches i
   succeeds once it is back; committed rows are kept;
 - the store refuses the credentials, or has none to use (or AWS_PROFILE names no profile), or
   denies the request: 78;
-- a bucket that does not exist: 78, naming it.
+- a bucket that does not exist: 78, naming it;
+- a TLS certificate the client does not trust (a private CA, an http endpoint named https):
+  78, since running again cannot change it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ _UNREACHABLE = {
     ("botocore.exceptions", "HTTPClientError"),  # ConnectionClosedError, ReadTimeoutError
     ("aiohttp.client_exceptions", "ClientConnectionError"),  # ServerDisconnectedError
     ("fsspec.exceptions", "FSTimeoutError"),
+}
+_UNTRUSTED = {  # certificate verification failed: no retry helps
+    ("ssl", "SSLCertVerificationError"),
+    ("aiohttp.client_exceptions", "ClientConnectorCertificateError"),
 }
 _NO_CREDENTIALS = {("botocore.exceptions", "NoCredentialsError")}
 # The client's own set-up is wrong (AWS_PROFILE names no profile, a key without its secret).
@@ -51,6 +57,14 @@ def from_store_error(e: BaseException, where: str = "") -> JobError | None:
 
 def _classify(chain: list[BaseException]) -> JobError | None:
     kinds = {(c.__module__, c.__name__) for x in chain for c in type(x).__mro__}
+    if kinds & _UNTRUSTED or (
+        ("botocore.exceptions", "SSLError") in kinds
+        and any("CERTIFICATE_VERIFY_FAILED" in str(x).upper().replace(" ", "_") for x in chain)
+    ):
+        return ConfigError(
+            f"the object store's TLS certificate is not trusted{_endpoint()} ({chain[0]}):"
+            " point AWS_CA_BUNDLE at the CA that signed it, or fix the endpoint's URL"
+        )
     if kinds & _UNREACHABLE:
         return StoreError(
             f"cannot reach the object store{_endpoint()} ({chain[0]}): check that it is up"

@@ -32,7 +32,8 @@ class FirstLines:
 
     def __init__(self, slots: int = FIRST_SLOTS) -> None:
         self._files: dict[str, int] = {}  # file name -> its index
-        self._file, self._index = "", -1  # the last line's file and its index
+        self._file: str | None = None  # the last line's file
+        self._index = -1  # and its index
         self._used = 0
         self._alloc(slots)
 
