@@ -243,6 +243,7 @@ def test_a_changed_object_is_refused_naming_the_run_and_retry_errors_is_78(tmp_p
         error = summary(p.stdout)["error"]
         assert error.startswith(f"{url} was started on a different input"), error
         assert "in.jsonl: content changed" in error and "rows changed: 1 ('r00')" in error
+        assert "--retry-errors" not in error  # refused on stores: never offered there
 
 
 def test_a_store_failing_under_a_parquet_reader_is_not_a_damaged_file(s3_env, monkeypatch):
