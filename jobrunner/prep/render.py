@@ -203,6 +203,7 @@ class PromptRenderer:
         if not getattr(self.tokenizer, "chat_template", None):
             raise RenderError("no_chat_template", "the model's tokenizer has no chat template")
         extra = {"tools": tools} if tools else {}
+        self._check_names(messages)
         if any(self._holds_special(m["content"]) for m in messages):
             return self._segmented(messages, extra)
         return self._apply(messages, extra)
@@ -223,6 +224,19 @@ class PromptRenderer:
 
     def _holds_special(self, content: str) -> bool:
         return self._specials is not None and self._specials.search(content) is not None
+
+    def _check_names(self, messages: list[dict[str, str]]) -> None:
+        """A name is short and rendered in the turn's header, where special-token text would
+        close the turn: refused as text (input.special_tokens: parse reads it as tokens)."""
+        for i, m in enumerate(messages):
+            if "name" in m and self._holds_special(m["name"]):
+                raise RenderError(
+                    "special_tokens",
+                    f"messages[{i}].name holds special-token text"
+                    f" ({self._specials.search(m['name']).group()!r}): remove it, or set"
+                    " input.special_tokens: parse to read it as control tokens",
+                    f"messages[{i}].name",
+                )
 
     def _segmented(self, messages: list[dict[str, str]], extra: dict[str, Any]) -> Segmented:
         """The chat text with the contents that hold special-token text marked as such: the
@@ -393,10 +407,20 @@ def validate_messages(msgs: Any, column: str = "messages") -> list[dict[str, str
                 f"{column}[{i}].content must be a string or a list of text parts, got {got}",
                 column,
             )
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content, **_name(m, f"{column}[{i}]")})
     if not any(m["content"].strip() for m in out):
         raise RenderError("empty_prompt", f"every message in {column!r} is empty", column)
     return out
+
+
+def _name(m: dict[str, Any], where: str) -> dict[str, str]:
+    """A message's `name` (OpenAI's participant name), kept for templates that render it."""
+    name = m.get("name")
+    if name is None:
+        return {}
+    if not isinstance(name, str):
+        raise RenderError("bad_type", f"{where}.name must be a string", f"{where}.name")
+    return {"name": name}
 
 
 def _map_as_dict(m: Any) -> Any:
