@@ -346,3 +346,16 @@ def test_messages_for_a_model_without_chat_template_are_78_before_any_row(llama_
         error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
         assert result.exit_code == 78, error
         assert error.startswith("input.prompt.messages_column: the model's tokenizer has no chat")
+
+
+def test_a_model_on_the_static_engine_gets_structured_outputs(tmp_path):
+    """A GPT-2-architecture model runs on the static engine, which refused every constrained
+    row (`unsupported`): a job asking for labels now gets one label a row, marked complete."""
+    model = tiny_model(tmp_path / "model", "gpt2")
+    labels = ["positive", "negative", "neutral"]
+    code, summary = run_job(tmp_path, model, choice=labels, max_new_tokens=8)
+    assert code == 0, summary
+    results = (tmp_path / "out" / "results" / "part-00000.jsonl").read_text()
+    rows = [json.loads(x) for x in results.splitlines()]
+    assert len(rows) == 2
+    assert all(r["completion"] in labels and r["structure"] == "complete" for r in rows), rows

@@ -109,3 +109,66 @@ def test_dequantized_gguf_cache_is_a_plain_hf_checkpoint(model_f32):
     ids = torch.tensor([[1, 4093, 314, 260, 3575, 282, 4649, 47]])
     with torch.inference_mode():
         assert torch.equal(plain(ids).logits, model_f32.model(ids).logits)
+
+
+def test_constrained_rows_match_the_paged_engine_token_for_token(model_f32):
+    """A model only the static engine runs gets structured outputs too: each row masked by
+    its own grammar in a shared generate() batch, with unconstrained rows beside it and rows of
+    other lengths (one cut by its own max_new_tokens mid-value). Greedy float32: the same
+    tokens, text and verdict as the paged engine, which masks the same logits."""
+    import json
+
+    from jobrunner.engine.paged import PagedEngine
+    from jobrunner.structured.spec import choice_spec, regex_spec, schema_spec
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+    specs = [
+        (schema_spec(schema, "schema"), 40),
+        (choice_spec(["question", "summary", "explanation"], "choice"), 40),
+        (regex_spec(r"[A-Z][a-z]{2,8} [0-9]{1,3}", "regex"), 40),
+        (schema_spec(schema, "schema"), 3),  # cut short: length, incomplete
+        (None, 12),
+    ]
+    ids = prompts(model_f32.tokenizer, TEXTS)
+    reqs = [
+        Request(f"r{i}", ids[i % len(ids)], SamplingParams(new, structured=spec))
+        for i, (spec, new) in enumerate(specs)
+    ]
+    cfg = JobConfig.model_validate({"model": {"dtype": "float32"}})
+    static = {r.id: r for r in StaticEngine(model_f32, cfg).generate(reqs)}
+    paged = {r.id: r for r in PagedEngine(model_f32, cfg).generate(reqs)}
+    for rid, want in paged.items():
+        got = static[rid]
+        assert (got.token_ids, got.completion, got.structure, got.finish_reason) == (
+            want.token_ids,
+            want.completion,
+            want.structure,
+            want.finish_reason,
+        ), rid
+    assert [static[f"r{i}"].structure for i in range(5)] == [
+        "complete",
+        "complete",
+        "complete",
+        "incomplete",
+        None,
+    ]
+    assert json.loads(static["r0"].completion)["name"]
+    assert static["r3"].finish_reason.value == "length"
+
+
+def test_a_spec_that_does_not_compile_fails_its_row_only(model_f32):
+    from jobrunner.structured.spec import OutputSpec
+
+    ids = prompts(model_f32.tokenizer, TEXTS)
+    bad = OutputSpec("json_schema", '{"type": "objectx"}', where="body.response_format")
+    reqs = [
+        Request("bad", ids[0], SamplingParams(8, structured=bad)),
+        Request("ok", ids[1], SamplingParams(8)),
+    ]
+    got = {r.id: r for r in StaticEngine(model_f32, JobConfig()).generate(reqs)}
+    assert got["bad"].error_code == "bad_schema" and "body.response_format" in got["bad"].error
+    assert got["ok"].error_code is None and got["ok"].token_ids

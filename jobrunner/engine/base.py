@@ -57,6 +57,7 @@ class Engine:
         self.cfg = cfg
         self.stats = EngineStats()
         self._stop_requested = False
+        self._grammars = None  # structured.grammar.Grammars, made with the first constrained row
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Yield one Result per request, in finishing order (a row's n samples as one Result
@@ -68,6 +69,22 @@ class Engine:
         """Yield one Result per request, each one sample (`Request.sample_index`), in finishing
         order. Must honour request_stop(). (An engine overriding `generate` itself needs not.)"""
         raise NotImplementedError
+
+    @property
+    def grammars(self):
+        """The compiled grammars for this model's tokenizer (structured.grammar.Grammars), made
+        with the first constrained row: xgrammar takes about a second to import."""
+        if self._grammars is None:
+            from jobrunner.structured.grammar import Grammars
+
+            vocab = self.loaded.hf_config.vocab_size  # the logits width
+            eos = frozenset(self.loaded.eos_token_ids)
+            self._grammars = Grammars(self.loaded.tokenizer, vocab, eos)
+        return self._grammars
+
+    def compile_grammar(self, spec) -> None:
+        """Compile a row's spec ahead (the prep thread calls it); raises GrammarError."""
+        self.grammars.compile(spec)
 
     @property
     def stop_requested(self) -> bool:

@@ -70,15 +70,6 @@ def fit_context(r: Request, context: int) -> Request | Result:
     return replace(r, sampling=replace(r.sampling, max_new_tokens=context - n))
 
 
-def _unconstrained(r: Request) -> Result:
-    return error_result(
-        r,
-        "unsupported",
-        "structured outputs (response_format, choice, regex, tools) need the paged engine;"
-        " this model runs on the static engine",
-    )
-
-
 class StaticEngine(Engine):
     kind = "static"
 
@@ -88,8 +79,7 @@ class StaticEngine(Engine):
         budget = e.batch_tokens(self.loaded.device.type)
         context = model_context(self.loaded, self.cfg)
         while not self._stop_requested and (chunk := list(islice(it, window))):
-            yield from (_unconstrained(r) for r in chunk if r.sampling.structured is not None)
-            fitted = [fit_context(r, context) for r in chunk if r.sampling.structured is None]
+            fitted = [self._admit(r, context) for r in chunk]
             yield from (r for r in fitted if isinstance(r, Result))
             chunk = [r for r in fitted if isinstance(r, Request)]
             batches = [
@@ -101,6 +91,16 @@ class StaticEngine(Engine):
                 if self._stop_requested:
                     return
                 yield from self._run_batch(batch)
+
+    def _admit(self, r: Request, context: int) -> Request | Result:
+        """The row fitted to the context, or its error: no room, or a spec that does not
+        compile (compiled by the prep thread already unless this engine runs without one)."""
+        if r.sampling.structured is not None:
+            try:
+                self.compile_grammar(r.sampling.structured)
+            except ValueError as e:  # GrammarError
+                return error_result(r, "bad_schema", str(e))
+        return fit_context(r, context)
 
     def _run_batch(self, batch: list[Request]) -> list[Result]:
         import torch
@@ -153,13 +153,20 @@ class StaticEngine(Engine):
         kwargs: dict = {"generation_config": cfg}
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.loaded.tokenizer)
-        rows = [
-            RowSampler.for_request(r, self.loaded.device, self.loaded.eos_token_ids) for r in batch
-        ]
+        rows = [self._sampler(r) for r in batch]
         if all(row.plain and row.logprobs is None for row in rows):
             return kwargs, [None] * len(batch)
-        kwargs["logits_processor"] = LogitsProcessorList([ForcePicks(rows)])
+        kwargs["logits_processor"] = LogitsProcessorList(
+            [ForcePicks(rows, batch, self.loaded.eos_token_ids, pad)]
+        )
         return kwargs, rows
+
+    def _sampler(self, r: Request) -> RowSampler:
+        """The row's RowSampler, with its grammar's matcher when it is constrained."""
+        row = RowSampler.for_request(r, self.loaded.device, self.loaded.eos_token_ids)
+        if r.sampling.structured is not None:
+            row.add(self.grammars.processor(r.sampling.structured))
+        return row
 
     def _result(self, r: Request, toks: list[int], row) -> Result:
         """Tokens up to the row's end token or its own max_new_tokens (padding dropped)."""
@@ -167,7 +174,10 @@ class StaticEngine(Engine):
         toks, ended = cut_at_end(toks[: r.sampling.max_new_tokens], ends)
         reason = FinishReason.STOP if ended else FinishReason.LENGTH
         logprobs = row.logprobs if row is not None else None
-        choice = make_choice(self.loaded.tokenizer, r, toks, reason, ends, logprobs)
+        structure = row.structure if row is not None else None
+        choice = make_choice(
+            self.loaded.tokenizer, r, toks, reason, ends, logprobs, structure=structure
+        )
         return make_result(r, [choice])
 
     def _account(self, batch: list[Request], results: list[Result], seconds: float) -> None:
@@ -239,17 +249,36 @@ class StopWhenAsked:
 class ForcePicks:
     """An HF logits processor that lets each row's RowSampler pick its token (processors,
     seeded draw, logprobs of the raw scores) and forces it: only that token stays finite, so
-    generate()'s greedy step takes it."""
+    generate()'s greedy step takes it. A row is done once it picked an end token or its own
+    max_new_tokens (generate() runs the batch to the longest): its sampler (a grammar's matcher,
+    its logprobs) sees no token past its end, and `idle` is forced in its place (padding, or cut
+    off by `_result`)."""
 
-    def __init__(self, rows: list[RowSampler]) -> None:
+    def __init__(
+        self, rows: list[RowSampler], batch: list[Request], eos: Iterable[int], idle: int
+    ) -> None:
         self.rows = rows
+        self.ends = [r.sampling.end_ids(eos) for r in batch]
+        self.limits = [r.sampling.max_new_tokens for r in batch]
+        self.live = list(range(len(rows)))
+        self.idle = idle
 
     def __call__(self, input_ids, scores):  # scores: (B, V)
         import torch
 
-        tokens, _, logprobs = sample(scores.float(), self.rows)
-        for row, t, lp in zip(self.rows, tokens, logprobs, strict=True):
-            row.accept([t], [lp])
         out = torch.full_like(scores, float("-inf"))
-        out[torch.arange(len(tokens)), torch.tensor(tokens, device=scores.device)] = 0.0
+        out[:, self.idle] = 0.0
+        if not self.live:
+            return out
+        live = self.live
+        tokens, _, logprobs = sample(scores[live].float(), [self.rows[i] for i in live])
+        out[live] = float("-inf")
+        out[live, tokens] = 0.0
+        for i, t, lp in zip(live, tokens, logprobs, strict=True):
+            self.rows[i].accept([t], [lp])
+        self.live = [
+            i
+            for i, t in zip(live, tokens, strict=True)
+            if t not in self.ends[i] and len(self.rows[i].output_ids) < self.limits[i]
+        ]
         return out

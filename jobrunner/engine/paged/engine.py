@@ -96,7 +96,6 @@ class PagedEngine(Engine):
         self._grow_after = GROW_BACK_STEPS
         self._live: dict[int, Sequence] = {}
         self._entered: dict[int, float] = {}  # seq_id -> when it entered the engine (latency)
-        self._grammars = None  # structured.grammar.Grammars, made with the first constrained row
 
     def warm_up(self) -> None:
         """Two tiny requests through a prefill and a decode step, then fresh stats: the lazy
@@ -192,21 +191,6 @@ class PagedEngine(Engine):
 
     def _reject(self, request: Request, code: str, message: str) -> None:
         self.detok.result(error_result(request, code, message))
-
-    @property
-    def grammars(self):
-        """The compiled grammars for this model's tokenizer (structured.grammar.Grammars), made
-        with the first constrained row: xgrammar takes about a second to import."""
-        if self._grammars is None:
-            from jobrunner.structured.grammar import Grammars
-
-            vocab = self.loaded.hf_config.vocab_size  # the logits width
-            self._grammars = Grammars(self.loaded.tokenizer, vocab, self.eos_token_ids)
-        return self._grammars
-
-    def compile_grammar(self, spec) -> None:
-        """Compile a row's spec ahead (the prep thread calls it); raises GrammarError."""
-        self.grammars.compile(spec)
 
     # ------------------------------------------------------------------ forward with back-off
 
