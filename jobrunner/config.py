@@ -108,6 +108,8 @@ class InputConfig(_Strict):
     max_prompt_chars: int = Field(1_000_000, ge=1)
     # structured outputs (grammar): a column holding the row's response_format (object or JSON)
     response_format_column: str | None = None
+    # Hive partition folders below input.path (`country=de/`) as string columns (io/partitions.py)
+    partition_columns: bool = True
 
 
 class GenerationConfig(_Strict):
@@ -327,7 +329,8 @@ class JobConfig(_Strict):
                     "response_format_column",
                 }
             )
-            | self._special_tokens_part(),
+            | self._special_tokens_part()
+            | self._partition_columns_part(),
             "generation": self.generation.model_dump(),
             # the shape of result rows and shards: a run's results/ holds one (not shard_rows,
             # shard_seconds or path, which change where and when rows are committed, not them)
@@ -339,6 +342,10 @@ class JobConfig(_Strict):
         fingerprint (their rows without special-token text are tokenized the same)."""
         chosen = self.input.special_tokens
         return {"special_tokens": chosen} if chosen != "text" else {}
+
+    def _partition_columns_part(self) -> dict[str, Any]:
+        """input.partition_columns when off: runs made before the key keep their fingerprint."""
+        return {} if self.input.partition_columns else {"partition_columns": False}
 
 
 def fingerprint(obj: Any) -> str:

@@ -26,7 +26,7 @@ from jobrunner.calibration import POOL_PER_ROW, calibrate_run, spread_by_length
 from jobrunner.config import JobConfig
 from jobrunner.engine.loader import load_tokenizer, local_dir_or_gguf, model_files, pick_dtype
 from jobrunner.engine.samples import num_runs
-from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats import job_rows, make_preparer
 from jobrunner.io.rundir import make_run_dir
 from jobrunner.io.writers import write_text_atomic
 from jobrunner.prep.stream import dedup_key
@@ -64,7 +64,7 @@ def scan_input(cfg: JobConfig, tokenizer: Any, sample_size: int = 0, seed: int =
 
     s, rng, seen_keys, seen_blocks = Scan(), random.Random(seed), set(), SeenBlocks()
     preparer = make_preparer(cfg, tokenizer)
-    for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
+    for item in preparer.prepare(job_rows(cfg.input)):
         s.rows += 1
         if not hasattr(item, "prompt_token_ids"):
             s.invalid += 1

@@ -18,10 +18,17 @@ from typing import Any
 import numpy as np
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import detect_format, input_files, input_format, make_preparer
+from jobrunner.formats import (
+    detect_format,
+    file_partitions,
+    input_files,
+    input_format,
+    make_preparer,
+)
 from jobrunner.formats.columns import SchemaInference
 from jobrunner.io.identity import RowDigests, input_root, relative_name, row_digest
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches, repeated
+from jobrunner.io.partitions import Values, add_partitions, with_partitions
 from jobrunner.io.readers import RawRow
 from jobrunner.prep.prepare import Preparer, derived_name, place_name
 from jobrunner.types import RowRef
@@ -138,12 +145,13 @@ def _files(
         if only is not None and name not in only:
             continue
         fmt = detect_format(file, cfg.input.format)
-        digests = name in digest_files
+        digests, values = name in digest_files, file_partitions(file, cfg.input, fmt)
         if _vectorized(preparer, fmt) and not (digests and fmt != "parquet"):
-            yield file, name, _fast(cfg, file, fmt, derived_name(file, root), digests), None
+            pieces = _fast(cfg, file, fmt, derived_name(file, root), digests, values)
+            yield file, name, pieces, None
         else:
             typing = SchemaInference() if schemas and input_format(fmt).schema_of_rows else None
-            pieces = _by_row(preparer, file, fmt, cfg.input.batch_rows, digests, typing)
+            pieces = _by_row(preparer, file, fmt, cfg.input.batch_rows, digests, typing, values)
             yield file, name, pieces, typing
 
 
@@ -157,19 +165,23 @@ def _vectorized(preparer: Any, fmt: str) -> bool:
     )
 
 
-def _fast(cfg: JobConfig, file: str, fmt: str, name: str, digests: bool) -> Iterator[Piece]:
+def _fast(
+    cfg: JobConfig, file: str, fmt: str, name: str, digests: bool, values: Values
+) -> Iterator[Piece]:
+    """`values`: the file's partition columns, where the id column may be (batch_ids); row
+    digests are of the file's own values (its folders are in its name already)."""
     col = cfg.input.id_column
     if digests:  # fmt is parquet: whole rows, for their digests
         from jobrunner.formats.parquet import read_parquet_batches
 
         first, batches = 0, read_parquet_batches(file, max(cfg.input.batch_rows, CHUNK_ROWS))
         for batch in batches:
-            ids = batch_ids(batch, name, first, col)
+            ids = batch_ids(batch, name, first, col, values)
             yield Piece(batch.num_rows, _valid_hashes(ids), ids, _batch_digests(batch))
             first += batch.num_rows
         return
     for first, batch in iter_id_batches(file, fmt, col):
-        yield Piece(batch.num_rows, _valid_hashes(batch_ids(batch, name, first, col)))
+        yield Piece(batch.num_rows, _valid_hashes(batch_ids(batch, name, first, col, values)))
 
 
 def _by_row(
@@ -179,19 +191,23 @@ def _by_row(
     batch_rows: int,
     digests: bool,
     typing: SchemaInference | None = None,
+    partitions: Values | None = None,
 ) -> Iterator[Piece]:
     """The reader's items a row at a time; hashes and digests kept a chunk at a time. Digests
     as they always were: per id an item ends as, of its values (or of its error's message).
-    `typing` takes each row's values (as the format's `schema` reads them: its RawRows)."""
+    `typing` takes each row's values (as the format's `schema` reads them: its RawRows).
+    Ids are of the rows with their `partitions` columns; typing and digests of the file's own
+    values (run_schema adds the partition columns; the file's name holds its folders)."""
     rows, ids, digest_ids, digest_values = 0, [], [], []
-    for item in input_format(fmt).read(file, batch_rows):
-        if typing is not None and isinstance(item, RawRow):
-            typing.add(item.values)
+    for read in input_format(fmt).read(file, batch_rows):
+        if typing is not None and isinstance(read, RawRow):
+            typing.add(read.values)
+        item = add_partitions(read, partitions or {})
         row_id = preparer.row_id(item) if isinstance(item, RawRow) else item
         if isinstance(row_id, str):
             ended = preparer.result_ids(row_id, item)
             ids += ended
-            values = item.values
+            values = read.values
         else:  # the row's error (bad id, unreadable row): it may still name the row
             ended = [None]
             if getattr(row_id, "id", None) is not None:
@@ -264,21 +280,23 @@ def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
     preparer = make_preparer(cfg, tokenizer=None)
     for file in input_files(cfg.input.path, cfg.input.format):
         fmt, name = detect_format(file, cfg.input.format), place_name(file, root)
+        values = file_partitions(file, cfg.input, fmt)
         if _vectorized(preparer, fmt) and fmt == "parquet":  # CSV: the reader has the lines
             # a Parquet file is never compressed: its derived ids name it as its places do
-            found = _fast_places(cfg, file, fmt, name, suspects)
+            found = _fast_places(cfg, file, fmt, name, suspects, values)
         else:
-            found = _row_places(preparer, file, fmt, name, cfg.input.batch_rows, suspects)
+            items = with_partitions(input_format(fmt).read(file, cfg.input.batch_rows), values)
+            found = _row_places(preparer, items, name, suspects)
         for row_id, place in found:
             places.setdefault(row_id, []).append(place)
     return {k: v for k, v in places.items() if len(v) > 1}
 
 
-def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray):
+def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray, values: Values):
     import pyarrow.compute as pc
 
     for first, batch in iter_id_batches(file, fmt, cfg.input.id_column):
-        ids = batch_ids(batch, name, first, cfg.input.id_column)
+        ids = batch_ids(batch, name, first, cfg.input.id_column, values)
         valid = np.flatnonzero(pc.is_valid(ids).to_numpy(zero_copy_only=False))
         if not len(valid):
             continue
@@ -287,9 +305,9 @@ def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray):
             yield ids[int(k)].as_py(), str(RowRef(name, first + int(k)))
 
 
-def _row_places(preparer, file: str, fmt: str, name: str, batch_rows: int, suspects: np.ndarray):
+def _row_places(preparer, items, name: str, suspects: np.ndarray):
     chunk: list[tuple[str, str]] = []
-    for item in input_format(fmt).read(file, batch_rows):
+    for item in items:
         row_id = preparer.row_id(item) if isinstance(item, RawRow) else None
         if isinstance(row_id, str):
             place = str(replace(item.source, file=name))

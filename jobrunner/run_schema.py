@@ -3,11 +3,12 @@ manifest (`Manifest.schema`), so every shard of the run, a resumed run's and a R
 included, has the same columns and types, and results/ reads as one table.
 
 The input's columns (`output.keep_input_columns`) take the types its files give them: a Parquet
-file's own, strings for CSV, for JSONL the types over every line (formats/columns.py); where
-files disagree, one common type or JSON text (formats/columns.unify). They are named as result
-rows carry them (prep/prepare.py: a text id column is `id`, a clash renamed `input_X`). The
-result's own columns have fixed types (`result_fields`). A format without a `schema` role (OpenAI
-batch files, whose preparer picks its own columns) leaves its columns typed per shard.
+file's own, strings for CSV, for JSONL the types over every line (formats/columns.py), strings
+for partition columns after the file's own (io/partitions.py); where files disagree, one common
+type or JSON text (formats/columns.unify). They are named as result rows carry them
+(prep/prepare.py: a text id column is `id`, a clash renamed `input_X`). The result's own columns
+have fixed types (`result_fields`). A format without a `schema` role (OpenAI batch files, whose
+preparer picks its own columns) leaves its columns typed per shard.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import base64
 from typing import Any
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import detect_format, input_files, input_format
+from jobrunner.formats import detect_format, file_partitions, input_files, input_format
 from jobrunner.formats.columns import is_json_text, unify
+from jobrunner.io.partitions import with_fields
 from jobrunner.prep.prepare import renamed_input_columns
 
 
@@ -48,7 +50,10 @@ def input_fields(cfg: JobConfig, typed: dict[str, Any] | None = None) -> list | 
     if any(fmt.schema is None or fmt.preparer is not None for fmt in formats):
         return None
     typed = typed or {}
-    schemas = [typed.get(f) or fmt.schema(f) for f, fmt in zip(files, formats, strict=True)]
+    schemas = [
+        with_fields(typed.get(f) or fmt.schema(f), file_partitions(f, cfg.input, fmt.name), f)
+        for f, fmt in zip(files, formats, strict=True)
+    ]
     schema = unify(schemas)
     fields = [f for f in schema if not _id_text(f, cfg.input.id_column)]
     names = renamed_input_columns(dict.fromkeys(f.name for f in fields))

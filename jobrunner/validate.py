@@ -10,7 +10,7 @@ from typing import Any
 from jobrunner.config import JobConfig
 from jobrunner.engine.loader import load_tokenizer
 from jobrunner.errors import ConfigError, InputDataError
-from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats import job_rows, make_preparer
 from jobrunner.resume import describe_duplicates, scan_ids
 from jobrunner.structured.check import spec_error
 from jobrunner.types import RowError
@@ -29,7 +29,7 @@ def validate_job(cfg: JobConfig) -> dict[str, Any]:
     preparer = make_preparer(cfg, load_tokenizer(cfg.model))
     codes: Counter[str] = Counter()
     valid = prompt_tokens = max_prompt_tokens = 0  # running totals: nothing kept per row
-    for item in preparer.prepare(read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)):
+    for item in preparer.prepare(job_rows(cfg.input)):
         item = _runnable(item)
         if isinstance(item, RowError):
             codes[item.code] += 1

@@ -175,7 +175,7 @@ def test_init_takes_a_binary_text_column_for_the_prompt(tmp_path):
     assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
 
 
-def test_a_hive_partition_key_named_as_a_column_is_78_saying_what_it_is(tmp_path):
+def test_a_hive_partition_key_is_a_column_unless_partition_columns_is_false(tmp_path):
     data = tmp_path / "data"
     for day in ("2024-01-01", "2024-01-02"):
         (data / f"date={day}").mkdir(parents=True)
@@ -183,6 +183,8 @@ def test_a_hive_partition_key_named_as_a_column_is_78_saying_what_it_is(tmp_path
     target = job(tmp_path, data, id_column=None)
     target.write_text(target.read_text().replace("Say {text}", "Say {text} on {date}"))
     result, summary = cli("validate", target)
+    assert result.exit_code == 0 and summary["valid"] == 2, result.stderr
+    result, summary = cli("validate", target, "--set", "input.partition_columns=false")
     assert result.exit_code == 78, result.stderr
     (line,) = summary["error"].splitlines()  # once, not once per partition folder
     assert (

@@ -24,12 +24,20 @@ from pathlib import Path
 import numpy as np
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import detect_format, input_files, input_format, make_preparer
+from jobrunner.formats import (
+    detect_format,
+    file_partitions,
+    input_files,
+    input_format,
+    make_preparer,
+    read_file,
+)
 from jobrunner.formats.lines import Line, iter_lines
-from jobrunner.formats.parquet import read_parquet_ranges
+from jobrunner.formats.parquet import open_parquet, read_parquet_ranges
 from jobrunner.input_scan import metadata_rows
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, committed, hash_ids, iter_id_batches
+from jobrunner.io.partitions import Values, add_partitions, check_names, with_partitions
 from jobrunner.io.readers import Item, RawRow
 from jobrunner.io.row_ranges import runs
 from jobrunner.io.rundir import Manifest, RunDir
@@ -69,9 +77,11 @@ def plan_blocks(cfg: JobConfig, skip_ids: IdSet | set[str], block_rows: int) -> 
     for file in input_files(cfg.input.path, cfg.input.format):
         fmt = input_format(detect_format(file, cfg.input.format))
         if fmt.parse_line is not None:
-            _line_blocks(plan, file, fmt, preparer, skip_ids, block_rows)
+            values = file_partitions(file, cfg.input, fmt.name)
+            _line_blocks(plan, file, fmt, preparer, skip_ids, block_rows, values)
         else:
-            _row_blocks(plan, fmt.read(file, cfg.input.batch_rows), preparer, skip_ids, block_rows)
+            items = read_file(file, cfg.input, kind=fmt.name)
+            _row_blocks(plan, items, preparer, skip_ids, block_rows)
     return plan
 
 
@@ -103,33 +113,41 @@ def _row_blocks(plan: Plan, items: Iterable[Item], preparer, skip_ids, block_row
         _add_block(plan, cur, preparer)
 
 
-def _line_blocks(plan: Plan, file: str, fmt, preparer, skip_ids, block_rows: int) -> None:
+def _line_blocks(
+    plan: Plan, file: str, fmt, preparer, skip_ids, block_rows: int, values: Values
+) -> None:
     """Blocks of `file` as spans of lines: where the first pending line starts, where the last
     one ends, and the rows between them to run (committed and unreadable ones left out). A
     compressed file's offsets are its text's: a worker reads its stream past the text before
-    its span (formats/lines.iter_lines)."""
-    pending = _pending_lines(plan, file, fmt, preparer, skip_ids)
+    its span (formats/lines.iter_lines). `values`: the file's partition columns."""
+    pending = _pending_lines(plan, file, fmt, preparer, skip_ids, values)
     while cur := list(itertools.islice(pending, block_rows)):
         first, rows = cur[0], np.fromiter((ln.row for ln in cur), np.int64, len(cur))
         start = (first.byte, first.line, first.row)
-        _add_span(plan, file, fmt.name, start, cur[-1].end, rows, preparer)
+        _add_span(plan, file, fmt.name, start, cur[-1].end, rows, preparer, values)
 
 
-def _pending_lines(plan: Plan, file: str, fmt, preparer, skip_ids) -> Iterator[Line]:
+def _pending_lines(plan: Plan, file: str, fmt, preparer, skip_ids, values) -> Iterator[Line]:
     """The lines of `file` to run, without their text (the driver keeps no row's)."""
     lines = iter_lines(file)
     while chunk := list(itertools.islice(lines, CHECK_ROWS)):
-        items = [fmt.parse_line(ln.raw, RowRef(file, ln.row, line=ln.line)) for ln in chunk]
+        items = [
+            add_partitions(fmt.parse_line(ln.raw, RowRef(file, ln.row, line=ln.line)), values)
+            for ln in chunk
+        ]
         for ln, keep in zip(chunk, _pending(plan, items, preparer, skip_ids), strict=True):
             if keep:
                 yield ln._replace(raw=b"")
 
 
-def _add_span(plan: Plan, file: str, fmt: str, start, stop, rows: np.ndarray, preparer) -> None:
+def _add_span(
+    plan: Plan, file: str, fmt: str, start, stop, rows: np.ndarray, preparer, values: Values
+) -> None:
     """A block of `rows` (sorted) of the lines from `start` = (byte, line, row) to byte `stop`
-    (None: the end)."""
+    (None: the end); its rows take the partition columns `values`."""
     span = {"file": file, "format": fmt, "start": start, "stop": stop, "rows": _runs(rows)}
-    payload = pickle.dumps({"lines": span, "file_has_ids": preparer.file_ids([file])})
+    has_ids = preparer.file_ids([file])
+    payload = pickle.dumps({"lines": span, "file_has_ids": has_ids, "partitions": values})
     plan.blocks.append({"block": len(plan.blocks), "payload": payload})
     plan.rows += len(rows)
 
@@ -142,8 +160,11 @@ def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:
     plan, root = Plan(), input_root(cfg.input.path)
     for file in input_files(cfg.input.path, cfg.input.format):
         name, cur = derived_name(file, root), []
+        values = file_partitions(file, cfg.input, "parquet")
+        if values:  # refused here, not by a worker: the file's own columns are in its footer
+            check_names(file, open_parquet(file).schema_arrow.names, values)
         for first, batch in iter_id_batches(file, "parquet", cfg.input.id_column):
-            ids = batch_ids(batch, name, first, cfg.input.id_column)
+            ids = batch_ids(batch, name, first, cfg.input.id_column, values)
             known = pc.is_valid(ids).to_numpy(zero_copy_only=False)
             done_rows = np.zeros(batch.num_rows, bool)
             if known.any():
@@ -153,17 +174,17 @@ def _described(cfg: JobConfig, done: IdSet, block_rows: int) -> Plan:
             cur.append(pending)
             while sum(map(len, cur)) >= block_rows:
                 rows = np.concatenate(cur)
-                _add_ranges(plan, file, rows[:block_rows])
+                _add_ranges(plan, file, rows[:block_rows], values)
                 cur = [rows[block_rows:]]
         rows = np.concatenate(cur) if cur else np.empty(0, np.int64)
         if len(rows):
-            _add_ranges(plan, file, rows)
+            _add_ranges(plan, file, rows, values)
     return plan
 
 
-def _add_ranges(plan: Plan, file: str, rows: np.ndarray) -> None:
-    """A block of these (sorted) rows of `file`."""
-    payload = pickle.dumps({"file": file, "ranges": _runs(rows)})
+def _add_ranges(plan: Plan, file: str, rows: np.ndarray, values: Values) -> None:
+    """A block of these (sorted) rows of `file`, which take the partition columns `values`."""
+    payload = pickle.dumps({"file": file, "ranges": _runs(rows), "partitions": values})
     plan.blocks.append({"block": len(plan.blocks), "payload": payload})
     plan.rows += len(rows)
 
@@ -185,13 +206,17 @@ def _add_block(plan: Plan, rows: list[RawRow], preparer) -> None:
 
 
 def unpack_block(payload: bytes, batch_rows: int = 1024) -> tuple[Iterable[Item], dict[str, bool]]:
-    """A block's rows (read from its file when the block names ranges) and the driver's
-    answers on which files carry ids (none for Parquet: its schema says)."""
+    """A block's rows (read from its file when the block names ranges or lines, with the
+    partition columns the driver found for it; a block of rows holds them already) and the
+    driver's answers on which files carry ids (none for Parquet: its schema says)."""
     data = pickle.loads(payload)
+    values = data.get("partitions") or {}
     if "ranges" in data:
-        return read_parquet_ranges(data["file"], data["ranges"], batch_rows), {}
+        return with_partitions(
+            read_parquet_ranges(data["file"], data["ranges"], batch_rows), values
+        ), {}
     if "lines" in data:
-        return _read_span(**data["lines"]), data["file_has_ids"]
+        return with_partitions(_read_span(**data["lines"]), values), data["file_has_ids"]
     return data["rows"], data["file_has_ids"]
 
 

@@ -14,6 +14,7 @@ from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import csv, jsonl, openai_batch, parquet
 from jobrunner.formats.base import Format
 from jobrunner.io.compressed import CODECS, codec, data_suffix, full_suffix
+from jobrunner.io.partitions import Values, partition_values, with_partitions
 from jobrunner.io.readers import Item, find_files
 from jobrunner.prep.embed import EmbedPreparer
 from jobrunner.prep.prepare import Preparer
@@ -80,10 +81,46 @@ def resolve_format(path: str, fmt: str) -> str:
     return fmt if fmt != "auto" else detect_format(input_files(path, fmt)[0], fmt)
 
 
-def read_rows(path: str, fmt: str = "auto", batch_rows: int = 1024) -> Iterator[Item]:
-    """Every input row (RawRow) or unparseable row (RowError), file by file, in order."""
+def read_rows(
+    path: str, fmt: str = "auto", batch_rows: int = 1024, partition_columns: bool = True
+) -> Iterator[Item]:
+    """Every input row (RawRow) or unparseable row (RowError), file by file, in order; each
+    row with its file's partition columns unless `partition_columns` is false."""
     for file in input_files(path, fmt):
-        yield from input_format(detect_format(file, fmt)).read(file, batch_rows)
+        kind = detect_format(file, fmt)
+        items = input_format(kind).read(file, batch_rows)
+        yield from with_partitions(items, partitions_of(file, path, kind, partition_columns))
+
+
+def job_rows(inp: Any) -> Iterator[Item]:
+    """read_rows for a job's input (`inp`: its InputConfig)."""
+    return read_rows(inp.path, inp.format, inp.batch_rows, inp.partition_columns)
+
+
+def read_file(
+    file: str, inp: Any, batch_rows: int | None = None, kind: str | None = None
+) -> Iterator[Item]:
+    """One input file's items as the job reads them (`inp`: its InputConfig); `kind`: the
+    file's format, where known."""
+    kind = kind or detect_format(file, inp.format)
+    items = input_format(kind).read(file, batch_rows or inp.batch_rows)
+    return iter(with_partitions(items, file_partitions(file, inp, kind)))
+
+
+def file_partitions(file: str, inp: Any, kind: str | None = None) -> Values:
+    """The partition columns the job's input (`inp`: its InputConfig) gives `file`'s rows;
+    `kind`: the file's format, where known."""
+    kind = kind or detect_format(file, inp.format)
+    return partitions_of(file, inp.path, kind, inp.partition_columns)
+
+
+def partitions_of(file: str, path: str, kind: str, enabled: bool = True) -> Values:
+    """`file`'s partition columns under the input `path` (io/partitions.py), `kind` being its
+    format; none when not `enabled`, or for a format whose preparer picks its own fields
+    (OpenAI batch files)."""
+    if not enabled or input_format(kind).preparer is not None:
+        return {}
+    return partition_values(file, path)
 
 
 def make_preparer(cfg: Any, tokenizer: Any) -> Preparer:

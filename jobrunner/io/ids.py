@@ -121,14 +121,26 @@ def repeated(hashes: np.ndarray) -> np.ndarray:
     return np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
 
 
-def batch_ids(batch: Any, name: str, first_row: int, id_column: str | None) -> Any:
+def batch_ids(
+    batch: Any,
+    name: str,
+    first_row: int,
+    id_column: str | None,
+    partitions: dict[str, str | None] | None = None,
+) -> Any:
     """The id of each row of an Arrow batch, as a string array; null where the row's id is
     invalid (null, empty, or of a type other than text or integer). Without an id column,
-    `<name>:<row>`, `name` being the file as derived ids name it (prepare.derived_name)."""
+    `<name>:<row>`, `name` being the file as derived ids name it (prepare.derived_name). An
+    id column the file lacks may be one of its partition keys (`partitions`, io/partitions.py):
+    every row's id is then its folder's value."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     names = batch.schema.names
+    if id_column and id_column not in names and id_column in (partitions or {}):
+        value = pa.scalar(partitions[id_column], pa.string())
+        batch = batch.append_column(id_column, pa.repeat(value, batch.num_rows))
+        names = batch.schema.names
     if not id_column or id_column not in names:
         rows = pa.array(np.arange(first_row, first_row + batch.num_rows))
         return pc.binary_join_element_wise(name, pc.cast(rows, pa.string()), ":")

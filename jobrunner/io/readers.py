@@ -102,10 +102,10 @@ def _data_files(path: str, files: list[str], suffixes: Collection[str], quiet: b
     `_SUCCESS`, `.crc` checksums, `_metadata`: Spark, Hive, pyarrow and Dask leave them out of
     a dataset, so reading them would read rows twice. A Hive partition folder (`_c=1`) is data.
     Input files left out are named in a warning (the markers are not)."""
-    root, spelled = _fixed_root(path), path.split("/")
+    root, spelled = fixed_root(path), path.split("/")
     kept, hidden = [], []
     for f in files:
-        below = _parts_below(f, root)
+        below = parts_below(f, root)
         (hidden if any(_hidden(n) and not _spelled(n, spelled) for n in below) else kept).append(f)
     inputs = [f for f in hidden if _suffix(f) in suffixes]
     if inputs and not quiet:
@@ -113,14 +113,14 @@ def _data_files(path: str, files: list[str], suffixes: Collection[str], quiet: b
     return kept
 
 
-def _fixed_root(path: str) -> str:
+def fixed_root(path: str) -> str:
     """The input root as `path` spells it: its part before any wildcard."""
     parts = path.rstrip("/").split("/")
     fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
     return "/".join(parts[:fixed])
 
 
-def _parts_below(file: str, root: str) -> list[str]:
+def parts_below(file: str, root: str) -> list[str]:
     """The names of `file`'s path below `root` (none where it is not below it). A store's
     listing may name its scheme otherwise than the path does (`s3a://` listed as `s3://`)."""
     if not is_remote(file):
@@ -145,8 +145,8 @@ def _spelled(name: str, parts: list[str]) -> bool:
 def _note_hidden(path: str, hidden: list[str]) -> None:
     if _noted("hidden", path, hidden):
         return
-    root = _fixed_root(path)
-    names = ", ".join("/".join(_parts_below(f, root)) or f for f in hidden[:MAX_SKIPPED_NAMED])
+    root = fixed_root(path)
+    names = ", ".join("/".join(parts_below(f, root)) or f for f in hidden[:MAX_SKIPPED_NAMED])
     more = f" and {len(hidden) - MAX_SKIPPED_NAMED} more" if len(hidden) > MAX_SKIPPED_NAMED else ""
     log.warning(
         "input.path %s: %d files under a name starting with '.' or '_' are not read (%s%s):"

@@ -5,8 +5,8 @@ every row; it is one configuration error instead (exit 78), raised before the mo
 `template field {titel} is not a column; columns: id, title, body; did you mean title?`.
 
 Columns are read from the first rows of each file through the readers (Parquet and CSV: the
-schema; JSONL: the keys of the first SAMPLE_ROWS lines). OpenAI batch files carry their own
-fields and are not checked here.
+schema; JSONL: the keys of the first SAMPLE_ROWS lines), with the file's partition columns
+(io/partitions.py). OpenAI batch files carry their own fields and are not checked here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from jobrunner.config import JobConfig
 from jobrunner.errors import ConfigError, InputDataError
-from jobrunner.formats import detect_format, input_files, input_format
+from jobrunner.formats import detect_format, input_files, read_file
 from jobrunner.io.readers import RawRow
 from jobrunner.prep.render import RenderError, template_fields
 
@@ -80,7 +80,7 @@ def file_columns(file: str, cfg: JobConfig) -> InputColumns | None:
     if kind == "openai-batch":
         return None
     names: dict[str, None] = {}
-    for item in itertools.islice(input_format(kind).read(file, SAMPLE_ROWS), SAMPLE_ROWS):
+    for item in itertools.islice(read_file(file, cfg.input, SAMPLE_ROWS, kind), SAMPLE_ROWS):
         if isinstance(item, RawRow):
             names.update(dict.fromkeys(item.values))
     return InputColumns(file, tuple(names)) if names else None
@@ -115,7 +115,7 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[tuple[str | None, str
     out = [
         (
             None if key == "input.id_column" else name,
-            f"{key}: {what} {name!r} is not a column; {_columns_hint(name, cols, found.file)}{tail}",
+            f"{key}: {what} {name!r} is not a column; {_columns_hint(name, found, cfg)}{tail}",
         )
         for key, what, name, tail in wanted
         if name and name not in cols
@@ -129,7 +129,7 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[tuple[str | None, str
             (
                 f,
                 f"input.prompt.template: template field {{{f}}} is not a column;"
-                f" {_columns_hint(f, cols, found.file)}",
+                f" {_columns_hint(f, found, cfg)}",
             )
             for f in dict.fromkeys(fields)
             if f not in cols
@@ -137,13 +137,23 @@ def _problems(cfg: JobConfig, found: InputColumns) -> list[tuple[str | None, str
     return out
 
 
-def _columns_hint(name: str, columns: tuple[str, ...], file: str) -> str:
-    hint = f"columns: {', '.join(columns)}"
-    if any(d.startswith(f"{name}=") for d in file.split("/")[:-1]):  # date=2024-01-01/
-        return (
-            f"{hint}; {name} is a Hive partition key ({name}=... folders): they are not"
-            " read as columns, so write it into the files (with input.id_column: null each"
-            " row's id names its file, folder included)"
-        )
-    near = difflib.get_close_matches(name, columns, n=1, cutoff=0.6)
+def _columns_hint(name: str, found: InputColumns, cfg: JobConfig) -> str:
+    hint = f"columns: {', '.join(found.columns)}"
+    if any(d.startswith(f"{name}=") for d in found.file.split("/")[:-1]):  # date=2024-01-01/
+        return f"{hint}; {_partition_hint(name, cfg)}"
+    near = difflib.get_close_matches(name, found.columns, n=1, cutoff=0.6)
     return f"{hint}; did you mean {near[0]}?" if near else hint
+
+
+def _partition_hint(name: str, cfg: JobConfig) -> str:
+    """A Hive partition key (a `name=...` folder) that is not a column: why, and the way."""
+    if not cfg.input.partition_columns:
+        return (
+            f"{name} is a Hive partition key ({name}=... folders), read as a column unless"
+            " input.partition_columns is false, as this job sets it"
+        )
+    return (
+        f"{name} is a Hive partition key ({name}=... folders) above the input root:"
+        " only folders below the folder, glob or prefix input.path names are columns (a"
+        " single file has none), so name the table's top folder in input.path"
+    )

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from jobrunner.config import JobConfig
-from jobrunner.formats import input_files, read_rows, resolve_format
+from jobrunner.formats import file_partitions, input_files, job_rows, resolve_format
 from jobrunner.formats.parquet import open_parquet, raw_rows
 from jobrunner.io.identity import input_root
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids
+from jobrunner.io.partitions import with_partitions
 from jobrunner.io.readers import Item
 from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.prep.prepare import derived_name
@@ -44,7 +45,7 @@ class FreshRows:
             or not self.done
             or (resolve_format(c.path, c.format) != "parquet")
         ):
-            yield from read_rows(c.path, c.format, c.batch_rows)
+            yield from job_rows(c)
             return
         for file in input_files(c.path, c.format):
             yield from self._parquet(file)
@@ -55,17 +56,18 @@ class FreshRows:
         pf = open_parquet(file)
         col, name, first = self.cfg.input.id_column, derived_name(file, self._root), 0
         columns = [col] if col and col in pf.schema_arrow.names else []
+        values = file_partitions(file, self.cfg.input, "parquet")
         for group in range(pf.metadata.num_row_groups):
             size = pf.metadata.row_group(group).num_rows
             if self.rows.covers(file, first, first + size):  # committed whole: no id read
                 self.skipped += size
                 first += size
                 continue
-            ids = batch_ids(pf.read_row_group(group, columns=columns), name, first, col)
+            ids = batch_ids(pf.read_row_group(group, columns=columns), name, first, col, values)
             keep = np.flatnonzero(~self._done(ids))
             self.skipped += len(ids) - len(keep)
             if len(keep):
-                yield from self._rows(pf, file, group, first, keep)
+                yield from with_partitions(self._rows(pf, file, group, first, keep), values)
             first += len(ids)
 
     def _done(self, ids) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from jobrunner.formats import make_preparer, read_rows
+from jobrunner.formats import job_rows, make_preparer
 from jobrunner.types import Request
 
 SAMPLE_WINDOW = 4096  # rows read at most: a reservoir over the head of the input
@@ -16,7 +16,7 @@ def sample_requests(cfg: Any, tokenizer: Any, n: int, window: int = SAMPLE_WINDO
 
     rng = random.Random(cfg.generation.seed)
     preparer = make_preparer(cfg, tokenizer)
-    rows = read_rows(cfg.input.path, cfg.input.format, cfg.input.batch_rows)
+    rows = job_rows(cfg.input)
     picked: list[tuple[int, Request]] = []
     seen = 0
     for item in preparer.prepare(rows):
