@@ -335,7 +335,10 @@ def init(
         str,
         typer.Argument(
             metavar="DATA_FILE",
-            help="a .csv, .parquet or .jsonl file of your rows (a path, or a store URL: s3://...)",
+            help=(
+                "a .csv, .parquet or .jsonl file of your rows, or a folder of them (a path, or"
+                " a store URL: s3://...)"
+            ),
         ),
     ],
     output: Annotated[

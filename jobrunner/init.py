@@ -1,8 +1,9 @@
-"""`jobrunner init DATA_FILE`: a commented job file for a data file, that runs as is.
+"""`jobrunner init DATA`: a commented job file for a data file or folder, that runs as is.
 
-The input's columns are read (the first SAMPLE_ROWS rows), an id column and a prompt are
-proposed (a prompt or messages column when there is one, else a template over the text
-columns), and the main keys are written with their defaults and a comment each.
+The input's columns are read (the first SAMPLE_ROWS rows of its first file, with the partition
+columns its folders give it: io/partitions.py), an id column and a prompt are proposed (a
+prompt or messages column when there is one, else a template over the text columns), and the
+main keys are written with their defaults and a comment each.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 
 from jobrunner.config import JobConfig, load_job
 from jobrunner.errors import ConfigError, InputDataError
-from jobrunner.formats import detect_format, input_format
+from jobrunner.formats import detect_format, input_files, input_format, partitions_of
 from jobrunner.io.compressed import plain_name
 from jobrunner.io.fs import filesystem, is_remote
+from jobrunner.io.partitions import with_partitions
 from jobrunner.io.readers import RawRow
 from jobrunner.io.writers import check_file_target
 from jobrunner.prep.render import BYTES, nameable
@@ -32,17 +34,16 @@ INSTRUCTION = "Summarize the following in one sentence."
 def write_job_file(data_file: str, target: Path | None, force: bool) -> tuple[Path, str]:
     """Write the job file; returns its path and a few lines saying what was proposed. A data
     file in an object store (a URL) is named as it is, and its job file goes to the working
-    directory unless -o says where."""
+    directory unless -o says where. A folder (a store prefix) is sampled by its first file."""
     remote = is_remote(data_file)
-    if not (_is_object(data_file) if remote else Path(data_file).is_file()):
-        raise InputDataError(f"{data_file}: no such file (give a .csv, .parquet or .jsonl file)")
+    first = _first_file(data_file, remote)
     plain = Path(plain_name(data_file))  # posts.csv.gz: the job is posts.yaml too
     target = target or (Path(plain.name) if remote else plain).with_suffix(".yaml")
     check_file_target(target, "-o")
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass -o PATH for another file, or --force")
-    kind = detect_format(data_file, "auto")
-    rows = _sample(data_file, kind)
+    kind = detect_format(first, "auto")
+    rows = _sample(first, kind, data_file)
     job_dir = target.absolute().parent
     rel_input = data_file if remote else os.path.relpath(Path(data_file).absolute(), job_dir)
     if kind == "openai-batch":
@@ -54,15 +55,32 @@ def write_job_file(data_file: str, target: Path | None, force: bool) -> tuple[Pa
     return target, said
 
 
+def _first_file(data: str, remote: bool) -> str:
+    """`data` where it is a file, else the first input file of the folder (prefix) it names."""
+    if _is_object(data) if remote else Path(data).is_file():
+        return data
+    if remote or Path(data).is_dir():
+        try:
+            return input_files(data)[0]
+        except InputDataError:
+            pass  # no folder, or none of its files is data: said below
+    raise InputDataError(
+        f"{data}: no such file, nor a folder of data files (give a .csv, .parquet or .jsonl"
+        " file, or a folder of them)"
+    )
+
+
 def _is_object(url: str) -> bool:
     fs, p = filesystem(url)
     return fs.isfile(p)
 
 
-def _sample(file: str, kind: str) -> list[dict[str, Any]]:
+def _sample(file: str, kind: str, path: str) -> list[dict[str, Any]]:
+    """The first rows of `file`, with the partition columns its folders below `path` give."""
     if kind == "openai-batch":
         return []
-    items = itertools.islice(input_format(kind).read(file, SAMPLE_ROWS), SAMPLE_ROWS)
+    read = input_format(kind).read(file, SAMPLE_ROWS)
+    items = itertools.islice(with_partitions(read, partitions_of(file, path, kind)), SAMPLE_ROWS)
     rows = [i.values for i in items if isinstance(i, RawRow)]
     if not rows:
         raise InputDataError(f"{file}: no readable rows to take the columns from")

@@ -1,7 +1,7 @@
 """Hive partition folders as columns (`country=de/dt=2024-01-01/part-0.parquet`), as pandas,
 pyarrow.dataset, Spark and DuckDB read a partitioned table, through the commands a user types.
 
-`validate` and `estimate` load no model; one run (the real built-in model, two tokens a
+`validate`, `estimate` and `init` load no model; one run (the real built-in model, two tokens a
 row) shows the columns kept in the results, typed in the run's schema, and the run resuming.
 """
 
@@ -101,6 +101,17 @@ def test_partition_columns_are_kept_as_text_in_the_results_and_a_run_resumes(tmp
     assert (columns["country"], columns["dt"]) == ("string", "string")
     result, summary = cli("run", target)
     assert result.exit_code == 0 and summary["status"] == "nothing_to_do", result.stderr
+
+
+def test_init_on_a_partitioned_folder_lists_its_partition_columns(tmp_path):
+    root = parquet_table(tmp_path / "reviews")
+    result, _ = cli("init", root)
+    assert result.exit_code == 0, result.stderr
+    text = (tmp_path / "reviews.yaml").read_text()
+    assert "# columns found: id, text, country, dt" in text
+    assert json.loads(text.split("path: ", 1)[1].split()[0]) == "reviews"
+    result, summary = cli("validate", tmp_path / "reviews.yaml")
+    assert result.exit_code == 0 and summary["valid"] == 8, result.stderr
 
 
 def test_a_file_column_named_as_its_partition_key_is_65_unless_partition_columns_is_false(
