@@ -297,13 +297,8 @@ def _accept_changes(
         f"{rundir.location} was started on a different input; changed since:\n"
         + "\n".join(f"  {d}" for d in lines[: 2 * MAX_DUPLICATES_LISTED])
         + (f"\n--retry-errors cannot take it: {why}" if why else "")
-        + "\nrun with the earlier input to continue,"
-        + (
-            ""
-            if is_remote(str(rundir.location))
-            else " --retry-errors if only failed rows changed,"
-        )
-        + " a new output.path, or --restart to discard the earlier results"
+        + "\nrun with the earlier input to continue, --retry-errors if only failed rows"
+        " changed, a new output.path, or --restart to discard the earlier results"
     )
 
 

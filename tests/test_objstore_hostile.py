@@ -225,16 +225,13 @@ def test_refused_or_missing_credentials_are_named_not_a_crash(tmp_path, moto_ser
     assert "The config profile (no-such-profile) could not be found" in p.stdout
 
 
-def test_a_changed_object_is_refused_naming_the_run_and_retry_errors_is_78(tmp_path, s3_bucket):
+def test_a_changed_object_is_refused_naming_the_run(tmp_path, s3_bucket):
     """An input object rewritten between two runs is refused as locally, the message naming
-    the run's URL (not its local staging folder) and the row; `--retry-errors`, which stores
-    do not support yet, is a configuration error (78), not a temporary one."""
+    the run's URL (not its local staging folder) and the row; --retry-errors, offered for a
+    change to failed rows only, does not take a change to a row that succeeded."""
     job, url = s3_job(tmp_path, s3_bucket)
     p = run(job)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = run(job, "--retry-errors")
-    assert p.returncode == 78, p.stderr[-2000:]
-    assert "--retry-errors is not supported on object stores" in summary(p.stdout)["error"]
     f, root = store.filesystem(f"{s3_bucket}/corpus/in.jsonl")
     f.pipe_file(root, f.cat_file(root).replace(b"with apple.", b"with maple."))
     for command in ("run", "validate"):
@@ -243,7 +240,12 @@ def test_a_changed_object_is_refused_naming_the_run_and_retry_errors_is_78(tmp_p
         error = summary(p.stdout)["error"]
         assert error.startswith(f"{url} was started on a different input"), error
         assert "in.jsonl: content changed" in error and "rows changed: 1 ('r00')" in error
-        assert "--retry-errors" not in error  # refused on stores: never offered there
+        assert "--retry-errors if only failed rows changed" in error
+    p = run(job, "--retry-errors")
+    assert p.returncode == 78, p.stderr[-2000:]
+    error = summary(p.stdout)["error"]
+    why = "--retry-errors cannot take it: 1 rows that succeeded changed or left the input ('r00')"
+    assert why in error, error
 
 
 def test_a_store_failing_under_a_parquet_reader_is_not_a_damaged_file(s3_env, monkeypatch):

@@ -32,6 +32,7 @@ from typing import Any
 from jobrunner.errors import RunDirError
 from jobrunner.formats import FORMATS
 from jobrunner.io import row_ranges
+from jobrunner.io.failed_rows import without_failed
 from jobrunner.io.fs import open_file
 from jobrunner.io.identity import is_run_dir
 from jobrunner.io.ids import IdSet, hash_ids
@@ -309,11 +310,7 @@ class RunDir:
 
     def succeeded_ids(self) -> set[str]:
         """Ids of committed rows that did not fail."""
-        out: set[str] = set()
-        for f in self.shard_files():
-            ids, reasons = read_column(f, "id"), read_column(f, "finish_reason")
-            out.update(i for i, r in zip(ids, reasons, strict=True) if r != "error")
-        return out
+        return succeeded_in(self.shard_files())
 
     def committed_ids(self) -> set[str]:
         """Every id with a terminal state: in a visible shard or in committed errors."""
@@ -583,6 +580,15 @@ def count_rows(path: Path | str) -> tuple[int, int]:
     return len(col), int(pc.sum(pc.equal(col, "error")).as_py() or 0)
 
 
+def succeeded_in(shards: Iterable[Path | str]) -> set[str]:
+    """Ids of the rows in `shards` (local paths or store URLs) that did not fail."""
+    out: set[str] = set()
+    for f in shards:
+        ids, reasons = read_column(f, "id"), read_column(f, "finish_reason")
+        out.update(i for i, r in zip(ids, reasons, strict=True) if r != "error")
+    return out
+
+
 def read_ids(path: Path) -> list[str]:
     return read_column(path, "id")
 
@@ -662,18 +668,9 @@ def make_run_dir(path: Path) -> None:
 def _drop_failed_rows(path: Path) -> None:
     if "error" not in read_column(path, "finish_reason"):
         return
-    if path.suffix == ".parquet":  # filtered as a table: the shard keeps its schema
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        kept = table.filter(pc.fill_null(pc.not_equal(table["finish_reason"], "error"), True))
-        write = lambda _, tmp: pq.write_table(kept, tmp)  # noqa: E731
-    else:
-        kept = [r for r in read_shard(path) if r["finish_reason"] != "error"]
-        write = lambda _, tmp: FORMATS.get("jsonl").write(kept, tmp)  # noqa: E731
-    if len(kept):
-        write_atomic([], path, write)
+    kept = without_failed(path.read_bytes(), path.suffix).data
+    if kept is not None:
+        write_atomic([], path, lambda _, tmp: tmp.write_bytes(kept))
     else:
         path.unlink()
         fsync_dir(path.parent)

@@ -18,10 +18,28 @@ On a store without conditional writes (see fs.CONDITIONAL_CREATE) the record is 
 unconditionally after an existence check: one run at a time per prefix is then the user's promise,
 and a warning says so. Side files (reports, telemetry, the lock) are written to a local staging
 directory, `path`, and uploaded by `publish`.
+
+--retry-errors (`forget_failed`) makes the failed rows pending again by one record, so a row is
+in one state at every point (failed, or pending) and never in two:
+  1. DELETE _SUCCESS, then errors.jsonl: no marker may stand beside records that leave rows
+     pending, and errors.jsonl is assembled again from the records when the run succeeds;
+  2. PUT, for each listed shard holding failed rows, its other rows as a new object
+     `part-NNNNN-<run>-KKKKK` (none where every row failed): listed by no record yet, so unread;
+  3. create record NNNNN (conditional, as a commit's): `retry.replaced` maps each such shard's
+     name to its new entry (or null), and applying it also empties the error list; it carries
+     the manifest, no longer finished, its `retired_cost_usd` raised by the dropped rows' cost;
+  4. PUT manifest.json; DELETE the replaced shards and the old errors/ objects.
+A kill before the record of 3 leaves the records as they were (a run that had _SUCCESS is
+unfinished without it, and a plain rerun finishes it again as it was; one that ended 65 still
+answers 65; a --retry-errors starts over; the objects of 2 are garbage); a kill after it leaves
+the failed rows pending, which any rerun runs (what 4 would delete is garbage). Garbage is what
+no record lists: never read, deleted when the run succeeds. A run that committed since the
+retry read the records takes its record number first: the retry stops (RunLocked).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,19 +50,28 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jobrunner.errors import ConfigError, RunDirError, RunLocked, StoreError
+from jobrunner.errors import RunDirError, RunLocked, StoreError
 from jobrunner.formats import FORMATS
+from jobrunner.io.failed_rows import without_failed
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, missing_bucket, scheme
 from jobrunner.io.identity import ROWS_FILE
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.row_ranges import CommittedRows
-from jobrunner.io.rundir import ErrorPlaces, Manifest, fault, not_a_run, split_unwritable
+from jobrunner.io.rundir import (
+    ErrorPlaces,
+    Manifest,
+    fault,
+    not_a_run,
+    split_unwritable,
+    succeeded_in,
+)
 from jobrunner.io.store_errors import from_store_error
 from jobrunner.types import RowError
 
 log = logging.getLogger(__name__)
 # Tests only: `JOBRUNNER_FAULT_PUT=errors:2` fails the PUT of that object in the 2nd commit
-# (objects: shard, errors, record).
+# (objects: shard, errors, record; a --retry-errors is its process's first commit, and PUTs
+# retry_shard and record). rundir.FAULT_ENV kills at retry_unmarked, retry_shards, retry_record.
 FAULT_PUT_ENV = "JOBRUNNER_FAULT_PUT"
 STAGING_ENV = "JOBRUNNER_STAGING_DIR"  # where store runs keep side files (staging_dir)
 
@@ -213,6 +240,10 @@ class StoreRunDir:
         """No row ranges on a store (io/row_ranges.py): the ids decide every row."""
         return CommittedRows()
 
+    def succeeded_ids(self) -> set[str]:
+        """Ids of committed rows that did not fail (--retry-errors on a changed input)."""
+        return succeeded_in(self.shard_files())
+
     def committed_ids(self) -> set[str]:
         from jobrunner.io.rundir import read_column
 
@@ -302,6 +333,9 @@ class StoreRunDir:
         for kind, folder in (("shard", "results"), ("errors", "errors")):
             if kind in entry:
                 self.fs.rm_file(self._key(folder, entry[kind]["name"]))
+        for new in entry.get("retry", {}).get("replaced", {}).values():
+            if new:
+                self.fs.rm_file(self._key("results", new["name"]))
 
     def _put(self, key: str, data: bytes, what: str | None, create: bool = False) -> None:
         if what and os.environ.get(FAULT_PUT_ENV) == f"{what}:{self._commits}":
@@ -324,10 +358,68 @@ class StoreRunDir:
             ) from e
 
     def forget_failed(self, m: Manifest) -> int:
-        raise ConfigError(
-            f"{self.url}: --retry-errors is not supported on object stores yet; run the failed"
-            " rows (listed in errors/) as a new job"
-        )
+        """--retry-errors: failed rows become pending again, by one record (module doc).
+        Returns how many there were. The state is prepare()'s: a run that committed since
+        then makes the retry's record RunLocked, as it makes a commit's."""
+        failed = sum(e["lines"] for e in self._errors)
+        stale = [s for s in self._shards if s["failed"]]
+        if not (failed or stale):
+            return 0
+        self._commits += 1  # a commit of this process: fault points count it
+        old = [self._key("errors", e["name"]) for e in self._errors]
+        self._remove(self._key("_SUCCESS"))
+        self._remove(self._key("errors.jsonl"))
+        fault("retry_unmarked", self._commits)
+        replaced, retired = self._put_kept_rows(stale)
+        fault("retry_shards", self._commits)
+        m.finished_at, m.outcome = None, {}
+        m.retired_cost_usd += retired
+        self._append({"retry": {"replaced": replaced}, "manifest": _head_fields(m)})
+        fault("retry_record", self._commits)
+        self._error_places = ErrorPlaces()
+        self.recount(m)
+        self._put(self._key("manifest.json"), json.dumps(m.to_json(), indent=1).encode(), None)
+        for key in [*(self._key("results", s["name"]) for s in stale), *old]:
+            self._remove(key)
+        return failed
+
+    def _put_kept_rows(self, stale: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
+        """Step 2 of a retry: ({old name: new entry or None}, the failed rows' cost)."""
+        n, suffix = self._seq + 1, FORMATS.get(self.fmt).suffix
+        replaced: dict[str, Any] = {}
+        retired = 0.0
+        for k, s in enumerate(stale):
+            kept = without_failed(self._read_listed(s["name"]), suffix)
+            retired += kept.failed_cost_usd
+            replaced[s["name"]] = None
+            if kept.data is not None:
+                name = f"part-{n:05d}-{self.token}-{k:05d}{suffix}"
+                self._put(self._key("results", name), kept.data, "retry_shard")
+                replaced[s["name"]] = {"name": name, "rows": kept.rows, "failed": 0}
+        return replaced, retired
+
+    def _read_listed(self, name: str) -> bytes:
+        """A listed shard's bytes. Gone: another run's retry replaced it (a record came after
+        the last one read: RunLocked), or someone deleted it."""
+        try:
+            return self.fs.cat_file(self._key("results", name))
+        except FileNotFoundError as e:
+            self.fs.invalidate_cache(self._key("commits"))
+            later = [k for k in self._list("commits") if _seq(k) > self._seq]
+            if later:
+                raise RunLocked(
+                    f"{self.url} is being run by another jobrunner (commit {_seq(min(later))}"
+                    " was made by it); run this job again once it has stopped"
+                ) from e
+            raise RunDirError(
+                f"{self.url}/results/{name}, a shard the run's commit records list, is gone:"
+                " its rows are lost; --restart to run the job again"
+            ) from e
+
+    def _remove(self, key: str) -> None:
+        """DELETE `key`; gone already is fine (a retry after a crash deletes it again)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(key)
 
     def mark_finished(self, m: Manifest, exit_code: int, message: str = "") -> None:
         m.finished_at = time.time()
@@ -399,6 +491,10 @@ class StoreRunDir:
         return self._head
 
     def _apply(self, rec: dict[str, Any]) -> None:
+        if "retry" in rec:  # the shards it replaced, the errors it forgot (module doc)
+            replaced = rec["retry"]["replaced"]
+            kept = [replaced.get(s["name"], s) for s in self._shards]
+            self._shards, self._errors = [s for s in kept if s], []
         if "shard" in rec:
             self._shards.append(rec["shard"])
         if "errors" in rec:
