@@ -125,3 +125,18 @@ def test_two_runs_on_one_prefix_commit_each_row_once(tmp_path, s3_bucket):
         assert "is being run by another jobrunner" in "".join(o[1] for o in outs)
     assert store_rows(url) == expected
     assert_no_garbage(url)
+
+
+def test_a_run_over_its_error_budget_leaves_the_errors_jsonl_it_names(tmp_path, s3_bucket):
+    """Exit 65 says 'see <run>/errors.jsonl': a store run assembled that object only when it
+    succeeded, so the file the message named did not exist."""
+    job, url = s3_job(tmp_path, s3_bucket, engine__kind="paged")
+    p = run(job, JOBRUNNER_FAULT_OOM_STEPS="1,2,3,4,5,6")  # rows fail in the engine
+    assert p.returncode == 65, p.stderr[-3000:]
+    assert f"see {url}/errors.jsonl" in summary(p.stdout)["error"]
+    f, root = store.filesystem(url)
+    lines = [json.loads(x) for x in f.cat_file(f"{root}/errors.jsonl").decode().splitlines()]
+    _, errors = store_rows(url)
+    got = sorted(((e["id"], e["line"], e["code"]) for e in lines), key=repr)
+    assert got == errors != []
+    assert not f.exists(f"{root}/_SUCCESS")

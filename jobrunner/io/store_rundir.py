@@ -422,9 +422,13 @@ class StoreRunDir:
             self.fs.rm_file(key)
 
     def mark_finished(self, m: Manifest, exit_code: int, message: str = "") -> None:
+        """Every row has its final state. A run that ends over its error budget (65, its
+        message naming errors.jsonl) gets errors.jsonl here; a clean one in mark_success."""
         m.finished_at = time.time()
         m.outcome = {"exit_code": exit_code, "message": message}
         self.save_manifest(m)
+        if exit_code:
+            self._write_errors_file()
 
     def mark_success(self, m: Manifest | None = None) -> None:
         """errors.jsonl, then _SUCCESS; the objects of failed commits are deleted."""
