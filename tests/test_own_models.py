@@ -78,8 +78,9 @@ def copy_of(src: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(src, tmp_path / "model"))
 
 
-def run_job(tmp_path: Path, model: Path, **generation) -> tuple[int, dict]:
-    """`jobrunner run` on two chat rows with this model: the exit code and its summary."""
+def run_job(tmp_path: Path, model: Path, command: str = "run", **generation) -> tuple[int, dict]:
+    """`jobrunner run` (or `command`) on two chat rows with this model: the exit code and its
+    summary."""
     (tmp_path / "in.jsonl").write_text(
         "".join(json.dumps({"id": f"r{i}", "prompt": t}) + "\n" for i, t in enumerate(TEXTS[:2]))
     )
@@ -90,7 +91,7 @@ def run_job(tmp_path: Path, model: Path, **generation) -> tuple[int, dict]:
         "output": {"path": "out", "format": "jsonl"},
     }
     (tmp_path / "job.yaml").write_text(json.dumps(job))
-    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    result = CliRunner().invoke(app, [command, str(tmp_path / "job.yaml")])
     lines = result.stdout.strip().splitlines()
     return result.exit_code, json.loads(lines[-1]) if lines else {}
 
@@ -156,11 +157,13 @@ def test_a_sliding_window_falls_back_only_where_rows_outgrow_it(tmp_path, window
     assert run(engine, prompts) == hf_greedy(loaded, prompts, do_sample=False)
 
 
-def test_a_tokenizer_larger_than_the_embeddings_is_78(tmp_path):
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_tokenizer_larger_than_the_embeddings_is_78(tmp_path, command):
     """Tokens added to a tokenizer without the embeddings resized: the first prompt holding
-    one ended the run with torch's 'index out of range' (exit 70)."""
+    one ended the run with torch's 'index out of range' (exit 70), and validate, which reads
+    no weights, called the job valid."""
     model = tiny_model(tmp_path / "model", config={"vocab_size": 30000})
-    code, summary = run_job(tmp_path, model)
+    code, summary = run_job(tmp_path, model, command=command)
     assert code == 78
     assert f"the tokenizer in {model} has 49152 tokens" in summary["error"]
     assert "embeddings 30000 rows" in summary["error"]

@@ -59,6 +59,25 @@ def check_vocabulary(tokenizer: Any, model: Any, where: str) -> None:
         )
 
 
+def check_config_vocabulary(tokenizer: Any, where: str) -> None:
+    """check_vocabulary before any weight is read (validate, estimate): config.json's
+    vocab_size is the embeddings' rows (the loader refuses weights of other shapes)."""
+    path = Path(where) / "config.json"
+    try:
+        conf = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # a GGUF file, or no config.json: the loader says what it finds
+    conf = conf if isinstance(conf, dict) else {}
+    rows = conf.get("vocab_size") or (conf.get("text_config") or {}).get("vocab_size")
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        raise ConfigError(
+            f"model.source: the tokenizer in {where} has {len(tokenizer)} tokens, the model's"
+            f" embeddings {rows} rows (config.json vocab_size): ids from {rows} on cannot be"
+            " run; save the model after model.resize_token_embeddings(len(tokenizer)), or use"
+            " the tokenizer saved with it"
+        )
+
+
 def check_complete(missing: set[str], where: str, archs: list[str] | None) -> None:
     """Every weight a generate job reads came from the checkpoint: transformers starts the ones
     it lacks at random (a classifier or reward model's folder, loaded for generation, has no

@@ -14,6 +14,7 @@ from typing import Any
 
 from jobrunner.config import ModelConfig
 from jobrunner.engine.checkpoint import (
+    check_config_vocabulary,
     check_generation_config,
     check_safetensors,
     check_vocabulary,
@@ -74,7 +75,9 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     """The job's tokenizer alone (validate/estimate): no weights are read."""
     where = local_dir_or_gguf(cfg)
     with model_files(where):
-        return _tokenizer(where, cfg.trust_remote_code, cfg.revision)
+        tok = _tokenizer(where, cfg.trust_remote_code, cfg.revision)
+    check_config_vocabulary(tok, where)
+    return tok
 
 
 @contextlib.contextmanager
