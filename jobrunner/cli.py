@@ -92,14 +92,16 @@ def _main(
 
 
 def _load(job: Path, set_: list[str] | None, executor: str | None = None):
-    """The job, loaded and checked against its input's columns and its structured output
-    compiled (before any row or model)."""
+    """The job, loaded and checked against its input's formats and columns and its structured
+    output compiled (before any row or model)."""
     from jobrunner.config import load_job
+    from jobrunner.formats import check_read_options
     from jobrunner.prep.columns import check_columns
     from jobrunner.structured.check import check_job_spec
 
     cfg = load_job(job, list(set_ or []), executor=executor)
     check_columns(cfg)
+    check_read_options(cfg)
     check_job_spec(cfg)
     return cfg
 

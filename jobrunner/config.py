@@ -21,13 +21,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from jobrunner.errors import ConfigError, JobError
 from jobrunner.io.compressed import CODECS, full_suffix, open_input
-from jobrunner.io.readers import find_files
+from jobrunner.io.readers import ReadOptions, find_files
 from jobrunner.structured.spec import SpecError, generation_spec
 
 
@@ -89,9 +90,29 @@ class PromptConfig(_Strict):
         return self
 
 
+NOT_SEPARATORS = '"\n\r'  # a quote opens a field; a line end ends a row
+TAB_SPELLINGS = ("\\t", "tab")  # a tab as written where YAML keeps it as text
+
+
+def _separator_problem(v: str) -> str | None:
+    """What is wrong with `v` as input.delimiter: one character, not a quote or line end."""
+    if v.lower() in TAB_SPELLINGS:
+        return (
+            f'must be one character, got {v} ({len(v)} characters): for a tab, write "\\t" in'
+            " double quotes (YAML reads \\t as a tab only there)"
+        )
+    if len(v) != 1:
+        return f'must be one character (such as ",", ";", "|" or "\\t"), got {v!r}'
+    if v in NOT_SEPARATORS:
+        return f"cannot be a quote, a newline or a carriage return, got {v!r}"
+    return None
+
+
 class InputConfig(_Strict):
     path: str = "data/samples/prompts.parquet"
     format: Literal["auto", "parquet", "jsonl", "csv", "openai-batch"] = "auto"
+    # CSV: the separator of every CSV file; null: a tab for .tsv and .tab, else the header's
+    delimiter: str | None = None
     id_column: str | None = "id"
     prompt: PromptConfig = Field(default_factory=lambda: PromptConfig(column="prompt"))
     system_prompt: str | None = None
@@ -110,6 +131,22 @@ class InputConfig(_Strict):
     response_format_column: str | None = None
     # Hive partition folders below input.path (`country=de/`) as string columns (io/partitions.py)
     partition_columns: bool = True
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_separator(cls, v: str | None, info: ValidationInfo) -> str | None:
+        fmt = info.data.get("format", "auto")
+        if v is not None and fmt not in ("auto", "csv"):
+            raise ValueError(
+                f"applies to CSV input only, and input.format is {fmt}; remove input.delimiter"
+            )
+        if v is not None and (problem := _separator_problem(v)):
+            raise ValueError(problem)
+        return v
+
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(delimiter=self.delimiter)
 
 
 class GenerationConfig(_Strict):
@@ -239,6 +276,10 @@ class RayConfig(_Strict):
 EMBED_MODEL = "all-minilm-l6-v2"  # the built-in model of `task: embed` jobs
 
 
+# input keys added since runs were made -> their default: in the fingerprint only when set
+ADDED_INPUT_KEYS = {"special_tokens": "text", "delimiter": None, "partition_columns": True}
+
+
 class JobConfig(_Strict):
     name: str = "job"  # one line of text: reports' headings, metrics' labels
     task: Literal["generate", "embed"] = "generate"  # embed: one vector per input, no decode
@@ -329,23 +370,23 @@ class JobConfig(_Strict):
                     "response_format_column",
                 }
             )
-            | self._special_tokens_part()
-            | self._partition_columns_part(),
+            | self._added_input_part(),
             "generation": self.generation.model_dump(),
             # the shape of result rows and shards: a run's results/ holds one (not shard_rows,
             # shard_seconds or path, which change where and when rows are committed, not them)
             "output": self.output.model_dump(include={"format", "keep_input_columns"}),
         }
 
-    def _special_tokens_part(self) -> dict[str, Any]:
-        """input.special_tokens, when not the default: runs made before the key keep their
-        fingerprint (their rows without special-token text are tokenized the same)."""
-        chosen = self.input.special_tokens
-        return {"special_tokens": chosen} if chosen != "text" else {}
-
-    def _partition_columns_part(self) -> dict[str, Any]:
-        """input.partition_columns when off: runs made before the key keep their fingerprint."""
-        return {} if self.input.partition_columns else {"partition_columns": False}
+    def _added_input_part(self) -> dict[str, Any]:
+        """Input keys added since runs were made, where not their default, so that earlier
+        runs keep their fingerprint: input.special_tokens (rows without special-token text are
+        tokenized the same), input.delimiter (it changes how files are cut into rows) and
+        input.partition_columns (off, rows lack their folders' columns)."""
+        return {
+            key: getattr(self.input, key)
+            for key, default in ADDED_INPUT_KEYS.items()
+            if getattr(self.input, key) != default
+        }
 
 
 def fingerprint(obj: Any) -> str:

@@ -18,6 +18,7 @@ from jobrunner.config import JobConfig, load_job
 from jobrunner.errors import ConfigError, InputDataError
 from jobrunner.formats import detect_format, input_files, input_format, partitions_of
 from jobrunner.io.compressed import plain_name
+from jobrunner.io.csv_rows import file_delimiter
 from jobrunner.io.fs import filesystem, is_remote
 from jobrunner.io.partitions import with_partitions
 from jobrunner.io.readers import RawRow
@@ -49,7 +50,8 @@ def write_job_file(data_file: str, target: Path | None, force: bool) -> tuple[Pa
     if kind == "openai-batch":
         text, said = _openai_batch_job(plain.stem, rel_input), "an OpenAI batch file"
     else:
-        text, said = _job_text(plain.stem, rel_input, rows)
+        delimiter = _delimiter(data_file, first, kind)
+        text, said = _job_text(plain.stem, rel_input, rows, delimiter)
     target.write_text(text, encoding="utf-8")
     load_job(target)  # what we wrote must load: a bug here is ours, not the user's
     return target, said
@@ -65,9 +67,15 @@ def _first_file(data: str, remote: bool) -> str:
         except InputDataError:
             pass  # no folder, or none of its files is data: said below
     raise InputDataError(
-        f"{data}: no such file, nor a folder of data files (give a .csv, .parquet or .jsonl"
-        " file, or a folder of them)"
+        f"{data}: no such file, nor a folder of data files (give a .csv, .tsv, .parquet or"
+        " .jsonl file, or a folder of them)"
     )
+
+
+def _delimiter(data: str, first: str, kind: str) -> str | None:
+    """The separator input.delimiter names: a CSV file's own. A folder's files are each cut by
+    their own (a .tsv beside a .csv), so one file's is not written for them all."""
+    return file_delimiter(first) if kind == "csv" and first == data else None
 
 
 def _is_object(url: str) -> bool:
@@ -165,7 +173,16 @@ def _kv(key: str, value: Any, comment: str = "", indent: int = 2) -> str:
     return f"{text:<38}# {comment}" if comment else text
 
 
-def _job_text(stem: str, rel_input: str, rows: list[dict[str, Any]]) -> tuple[str, str]:
+def _delimiter_lines(delimiter: str | None) -> list[str]:
+    """input.delimiter where a CSV file is not separated by commas: the job says what it reads."""
+    if delimiter in (None, ","):
+        return []
+    return [_kv("delimiter", _y(delimiter), "the separator of the file's fields")]
+
+
+def _job_text(
+    stem: str, rel_input: str, rows: list[dict[str, Any]], delimiter: str | None = None
+) -> tuple[str, str]:
     d = JobConfig()
     m, i, g, o, e = d.model, d.input, d.generation, d.output, d.engine
     id_col, prompt = propose(rows)
@@ -187,6 +204,7 @@ def _job_text(stem: str, rel_input: str, rows: list[dict[str, Any]]) -> tuple[st
         _kv("max_model_len", m.max_model_len, "prompt plus new tokens"),
         "input:",
         _kv("path", _y(rel_input), "relative to this file's folder"),
+        *_delimiter_lines(delimiter),
         f"  # columns found: {', '.join(cols)}",
         id_line,
         _prompt_yaml(prompt),

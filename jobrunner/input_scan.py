@@ -17,18 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from jobrunner.config import JobConfig
+from jobrunner.config import InputConfig, JobConfig
 from jobrunner.formats import (
     detect_format,
     file_partitions,
     input_files,
     input_format,
     make_preparer,
+    read_file,
 )
 from jobrunner.formats.columns import SchemaInference
 from jobrunner.io.identity import RowDigests, input_root, relative_name, row_digest
 from jobrunner.io.ids import IdSet, batch_ids, hash_ids, iter_id_batches, repeated
-from jobrunner.io.partitions import Values, add_partitions, with_partitions
+from jobrunner.io.partitions import Values, add_partitions
 from jobrunner.io.readers import RawRow
 from jobrunner.prep.prepare import Preparer, derived_name, place_name
 from jobrunner.types import RowRef
@@ -151,7 +152,7 @@ def _files(
             yield file, name, pieces, None
         else:
             typing = SchemaInference() if schemas and input_format(fmt).schema_of_rows else None
-            pieces = _by_row(preparer, file, fmt, cfg.input.batch_rows, digests, typing, values)
+            pieces = _by_row(preparer, file, fmt, cfg.input, digests, typing, values)
             yield file, name, pieces, typing
 
 
@@ -180,7 +181,7 @@ def _fast(
             yield Piece(batch.num_rows, _valid_hashes(ids), ids, _batch_digests(batch))
             first += batch.num_rows
         return
-    for first, batch in iter_id_batches(file, fmt, col):
+    for first, batch in iter_id_batches(file, fmt, col, cfg.input.read_options):
         yield Piece(batch.num_rows, _valid_hashes(batch_ids(batch, name, first, col, values)))
 
 
@@ -188,18 +189,19 @@ def _by_row(
     preparer: Any,
     file: str,
     fmt: str,
-    batch_rows: int,
+    inp: InputConfig,
     digests: bool,
     typing: SchemaInference | None = None,
     partitions: Values | None = None,
 ) -> Iterator[Piece]:
     """The reader's items a row at a time; hashes and digests kept a chunk at a time. Digests
     as they always were: per id an item ends as, of its values (or of its error's message).
-    `typing` takes each row's values (as the format's `schema` reads them: its RawRows).
-    Ids are of the rows with their `partitions` columns; typing and digests of the file's own
-    values (run_schema adds the partition columns; the file's name holds its folders)."""
+    `typing` takes each row's values (as the format's `schema` reads them: its RawRows). `inp`:
+    the job's input settings. Ids are of the rows with their `partitions` columns; typing and
+    digests of the file's own values (run_schema adds the partition columns; the file's name
+    holds its folders)."""
     rows, ids, digest_ids, digest_values = 0, [], [], []
-    for read in input_format(fmt).read(file, batch_rows):
+    for read in input_format(fmt).read(file, inp.batch_rows, inp.read_options):
         if typing is not None and isinstance(read, RawRow):
             typing.add(read.values)
         item = add_partitions(read, partitions or {})
@@ -285,8 +287,7 @@ def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
             # a Parquet file is never compressed: its derived ids name it as its places do
             found = _fast_places(cfg, file, fmt, name, suspects, values)
         else:
-            items = with_partitions(input_format(fmt).read(file, cfg.input.batch_rows), values)
-            found = _row_places(preparer, items, name, suspects)
+            found = _row_places(preparer, read_file(file, cfg.input, kind=fmt), name, suspects)
         for row_id, place in found:
             places.setdefault(row_id, []).append(place)
     return {k: v for k, v in places.items() if len(v) > 1}
@@ -295,7 +296,7 @@ def _places(cfg: JobConfig, suspects: np.ndarray) -> dict[str, list[str]]:
 def _fast_places(cfg, file: str, fmt: str, name: str, suspects: np.ndarray, values: Values):
     import pyarrow.compute as pc
 
-    for first, batch in iter_id_batches(file, fmt, cfg.input.id_column):
+    for first, batch in iter_id_batches(file, fmt, cfg.input.id_column, cfg.input.read_options):
         ids = batch_ids(batch, name, first, cfg.input.id_column, values)
         valid = np.flatnonzero(pc.is_valid(ids).to_numpy(zero_copy_only=False))
         if not len(valid):

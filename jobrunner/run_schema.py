@@ -49,9 +49,11 @@ def input_fields(cfg: JobConfig, typed: dict[str, Any] | None = None) -> list | 
     formats = [input_format(detect_format(f, cfg.input.format)) for f in files]
     if any(fmt.schema is None or fmt.preparer is not None for fmt in formats):
         return None
-    typed = typed or {}
+    typed, options = typed or {}, cfg.input.read_options
     schemas = [
-        with_fields(typed.get(f) or fmt.schema(f), file_partitions(f, cfg.input, fmt.name), f)
+        with_fields(
+            typed.get(f) or fmt.schema(f, options), file_partitions(f, cfg.input, fmt.name), f
+        )
         for f, fmt in zip(files, formats, strict=True)
     ]
     schema = unify(schemas)

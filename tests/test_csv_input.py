@@ -1,6 +1,8 @@
 """CSV input never loses or mangles a row: the row reader (formats/csv.py) and the id scan
 (io/ids.iter_id_batches, as input_scan uses it) cut every file into the same rows, bad rows
-are row errors, and what cannot be cut into rows is refused naming the file and line."""
+are row errors, and what cannot be cut into rows is refused naming the file and line. `.tsv`
+and `.tab` files are CSV cut by tabs; `input.delimiter` names the separator where the file's
+head would be taken otherwise."""
 
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ from typer.testing import CliRunner
 from jobrunner.cli import app
 from jobrunner.config import JobConfig
 from jobrunner.errors import InputDataError
-from jobrunner.formats import read_rows
+from jobrunner.formats import input_format, read_rows
 from jobrunner.io.ids import iter_id_batches
-from jobrunner.io.readers import RawRow
+from jobrunner.io.readers import RawRow, ReadOptions
 from jobrunner.resume import scan_ids
 from jobrunner.types import RowError
 from tests.conftest import write_job
@@ -33,18 +35,18 @@ def _items(path) -> list[tuple]:
     return out
 
 
-def _scan(path, id_column: str | None = "id") -> list[str | None]:
+def _scan(path, id_column: str | None = "id", delimiter: str | None = None) -> list[str | None]:
     """The id scan's id of each row (None: no id), in row order."""
     ids = []
-    for first, batch in iter_id_batches(str(path), "csv", id_column):
+    for first, batch in iter_id_batches(str(path), "csv", id_column, ReadOptions(delimiter)):
         assert first == len(ids)
         col = batch.column(0).to_pylist() if batch.num_columns else [None] * batch.num_rows
         ids += col
     return ids
 
 
-def _cfg(path) -> JobConfig:
-    return JobConfig.model_validate({"input": {"path": str(path)}})
+def _cfg(path, **keys) -> JobConfig:
+    return JobConfig.model_validate({"input": {"path": str(path), **keys}})
 
 
 def _cli(*args) -> tuple[int, dict]:
@@ -223,6 +225,142 @@ def test_duplicate_ids_are_placed_on_their_lines(tmp_path):
     f = tmp_path / "in.csv"
     f.write_bytes(b'id,prompt\n1,"two\nlines"\n2,x\n\n1,z\n')
     assert scan_ids(_cfg(f)) == (3, {"1": ["in.csv:line 2", "in.csv:line 6"]})
+
+
+# ------------------------------------------------- .tsv files and input.delimiter
+
+# a header with a comma in a column name: taken from the file's head, the comma would cut it
+TSV = b'id\ttext, in brief\n1\tHallo, Welt\n2\t"a ""b""\tc"\n'
+TSV_ROWS = [{"id": "1", "text, in brief": "Hallo, Welt"}, {"id": "2", "text, in brief": 'a "b"\tc'}]
+
+
+@pytest.mark.slow
+def test_a_tsv_file_is_read_by_tabs_through_validate_and_run(tmp_path):
+    (tmp_path / "in.tsv").write_bytes(TSV)
+    job = write_job(
+        tmp_path / "job.yaml",
+        "model: {dtype: float32}\ninput: {path: in.tsv, prompt: {column: 'text, in brief'}}\n"
+        "generation: {max_new_tokens: 2}\noutput: {path: out, format: jsonl}\n",
+    )
+    code, summary = _cli("validate", job)
+    assert code == 0 and (summary["rows"], summary["valid"]) == (2, 2), summary
+    code, summary = _cli("run", job)
+    assert code == 0 and summary["rows"]["succeeded"] == 2, summary
+    shards = sorted((tmp_path / "out" / "results").iterdir())
+    results = [json.loads(x) for f in shards for x in f.read_text().splitlines()]
+    got = sorted((r["id"], r["text, in brief"], bool(r["completion"])) for r in results)
+    assert got == [("1", "Hallo, Welt", True), ("2", 'a "b"\tc', True)]
+    # the run remembers how its rows were cut: another separator is another job, not a mix
+    code, summary = _cli("run", job, "--set", 'input.delimiter="\t"')
+    assert code == 78 and "holds a different job" in summary["error"], summary
+    assert "delimiter" in summary["error"]
+
+
+def test_a_compressed_tsv_is_read_by_tabs_beside_csv_files(tmp_path):
+    import gzip
+
+    (tmp_path / "a.tsv.gz").write_bytes(gzip.compress(TSV))
+    (tmp_path / "b.csv").write_bytes(b"id,text, in brief\n3,x,y\n")  # the comma cuts it
+    want = [*TSV_ROWS, {"id": "3", "text": "x", " in brief": "y"}]
+    assert [g.values for g in read_rows(str(tmp_path))] == want
+    assert _scan(tmp_path / "a.tsv.gz") == ["1", "2"]
+    assert scan_ids(_cfg(tmp_path)) == (3, {})
+    assert input_format("csv").schema(str(tmp_path / "a.tsv.gz")).names == ["id", "text, in brief"]
+    job = "input: {path: a.tsv.gz, prompt: {column: 'text, in brief'}}\noutput: {path: out}\n"
+    code, summary = _cli("validate", write_job(tmp_path / "job.yaml", job))
+    assert code == 0 and (summary["rows"], summary["valid"]) == (2, 2), summary
+
+
+@pytest.mark.parametrize(
+    "data, delimiter, want",
+    [
+        (TSV, "\t", TSV_ROWS),  # tabs, in a .csv, under a header with a comma
+        # one column whose rows hold commas: no separator in the header to tell one by
+        (b"prompt\nhello, world\nbye\n", "\t", [{"prompt": "hello, world"}, {"prompt": "bye"}]),
+        ("id§prompt\n1§a, b\n".encode(), "§", [{"id": "1", "prompt": "a, b"}]),  # not ASCII
+    ],
+    ids=["tabs-under-a-comma", "one-column", "non-ascii"],
+)
+def test_input_delimiter_cuts_a_file_whose_head_defeats_the_guess(tmp_path, data, delimiter, want):
+    from jobrunner import run_schema
+    from jobrunner.executors.ray_blocks import plan_blocks, unpack_block
+
+    f = tmp_path / "in.csv"
+    f.write_bytes(data)
+    guessed = [g.values if isinstance(g, RawRow) else g.code for g in read_rows(str(f))]
+    assert guessed != want  # the file's head is taken otherwise
+    options = ReadOptions(delimiter)
+    assert [g.values for g in read_rows(str(f), options=options)] == want
+    ids = [w.get("id") for w in want]
+    assert _scan(f, delimiter=delimiter) == ids
+    cfg = _cfg(f, delimiter=delimiter, prompt={"column": list(want[0])[-1]})
+    assert scan_ids(cfg) == (len(want), {})
+    assert [c.name for c in run_schema.input_fields(cfg)] == [k for k in want[0] if k != "id"]
+    (block,) = plan_blocks(cfg, skip_ids=set(), block_rows=16).blocks  # the Ray driver's
+    assert [r.values for r in unpack_block(block["payload"])[0]] == want
+    column = list(want[0])[-1]
+    job = f"input: {{path: in.csv, delimiter: {json.dumps(delimiter)}, prompt: {{column: '{column}'}}}}\n"
+    code, summary = _cli("validate", write_job(tmp_path / "job.yaml", job + "output: {path: o}\n"))
+    assert code == 0 and (summary["rows"], summary["valid"]) == (len(want), len(want)), summary
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("'\\t'", 'got \\t (2 characters): for a tab, write "\\t" in double quotes'),
+        ("\\t", 'got \\t (2 characters): for a tab, write "\\t" in double quotes'),
+        ("tab", 'got tab (3 characters): for a tab, write "\\t" in double quotes'),
+        ('";;"', "must be one character"),
+        ('""', "must be one character"),
+        ("'\"'", "cannot be a quote, a newline or a carriage return"),
+        ("1", "must be text, got 1"),
+    ],
+)
+def test_a_bad_input_delimiter_is_78_naming_the_key(tmp_path, value, said):
+    (tmp_path / "in.csv").write_bytes(b"id,prompt\n1,a\n")
+    job = write_job(
+        tmp_path / "job.yaml",
+        f"input:\n  path: in.csv\n  delimiter: {value}\noutput: {{path: o}}\n",
+    )
+    code, summary = _cli("validate", job)
+    assert code == 78, summary
+    assert summary["error"].startswith(f"{job}:3 input.delimiter: ") and said in summary["error"]
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["auto", "format-jsonl"])
+def test_input_delimiter_on_a_jsonl_input_is_78(tmp_path, named):
+    (tmp_path / "in.jsonl").write_text('{"id": "1", "prompt": "a;b"}\n')
+    fmt = ", format: jsonl" if named else ""
+    job = f"input: {{path: in.jsonl, delimiter: ';'{fmt}}}\noutput: {{path: o}}\n"
+    job = write_job(tmp_path / "job.yaml", job)
+    for command in ("validate", "run"):
+        code, summary = _cli(command, job)
+        assert code == 78, summary
+        assert "input.delimiter: applies to CSV input only" in summary["error"]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "name, data, written",
+    [
+        ("posts.tsv", b"id\ttitle\tbody\n1\tA\tfirst, one\n2\tB\tsecond\n", '"\\t"'),
+        ("posts.csv", b"id;title;body\n1;A;erste, eins\n2;B;zweite\n", '";"'),
+    ],
+    ids=["tsv", "semicolons"],
+)
+def test_init_writes_the_separator_into_the_job_it_proposes(tmp_path, name, data, written):
+    from jobrunner.config import load_job
+
+    (tmp_path / name).write_bytes(data)
+    code, summary = _cli("init", tmp_path / name)
+    assert code == 0, summary
+    job = tmp_path / "posts.yaml"
+    assert f"  delimiter: {written} " in job.read_text()
+    cfg = load_job(job)
+    assert cfg.input.delimiter == json.loads(written)
+    assert "{title}" in cfg.input.prompt.template and "{body}" in cfg.input.prompt.template
+    code, summary = _cli("validate", job)
+    assert code == 0 and (summary["rows"], summary["valid"]) == (2, 2), summary
 
 
 # ------------------------------------------------- the two readers agree on any file

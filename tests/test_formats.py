@@ -1,9 +1,9 @@
 """Formats are looked up in one registry; adding one is the recipe of DESIGN.md ("Add a
-format"): a reader and a writer in a Format, registered by name. Exercised here with TSV."""
+format"): a reader and a writer in a Format, registered by name. Exercised here with LTSV
+(labeled tab-separated values: a row a line, `id:a<TAB>prompt:Hello`)."""
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,54 +21,50 @@ from jobrunner.formats import (
     read_rows,
 )
 from jobrunner.formats.base import Format
-from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.readers import Item, RawRow, ReadOptions
 from jobrunner.io.rundir import RunDir
 from jobrunner.registry import Registry
 from jobrunner.types import RowRef
 
 
-def read_tsv(file: str, batch_rows: int) -> Iterator[Item]:
-    with open(file, newline="", encoding="utf-8") as f:
-        for row, values in enumerate(csv.DictReader(f, delimiter="\t")):
-            yield RawRow(values, RowRef(file, row, line=row + 2))
+def read_ltsv(file: str, batch_rows: int, options: ReadOptions = ReadOptions()) -> Iterator[Item]:
+    with open(file, encoding="utf-8") as f:
+        for row, line in enumerate(f):
+            values = dict(field.split(":", 1) for field in line.rstrip("\n").split("\t"))
+            yield RawRow(values, RowRef(file, row, line=row + 1))
 
 
-def write_tsv(records: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(records[0]), delimiter="\t")
-        w.writeheader()
-        w.writerows(records)
+def write_ltsv(records: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines("\t".join(f"{k}:{v}" for k, v in r.items()) + "\n" for r in records)
 
 
-TSV = Format("tsv", suffixes=(".tsv",), read=read_tsv, write=write_tsv, suffix=".tsv")
+LTSV = Format("ltsv", suffixes=(".ltsv",), read=read_ltsv, write=write_ltsv, suffix=".ltsv")
 
 
 @pytest.fixture
-def tsv():
-    FORMATS.register("tsv", TSV)
-    yield TSV
-    FORMATS.unregister("tsv")
+def ltsv():
+    FORMATS.register("ltsv", LTSV)
+    yield LTSV
+    FORMATS.unregister("ltsv")
 
 
-def test_a_registered_format_reads_prepares_and_writes_shards(tsv, tmp_path):
-    data = tmp_path / "in.tsv"
-    data.write_text("id\tprompt\na\tHello there\nb\tGood night\n", encoding="utf-8")
-    assert detect_format(str(data), "auto") == "tsv"  # found by its suffix
+def test_a_registered_format_reads_prepares_and_writes_shards(ltsv, tmp_path):
+    data = tmp_path / "in.ltsv"
+    data.write_text("id:a\tprompt:Hello there\nid:b\tprompt:Good night\n", encoding="utf-8")
+    assert detect_format(str(data), "auto") == "ltsv"  # found by its suffix
     rows = list(read_rows(str(data)))
-    assert [(r.values["id"], r.source.line) for r in rows] == [("a", 2), ("b", 3)]
+    assert [(r.values["id"], r.source.line) for r in rows] == [("a", 1), ("b", 2)]
     cfg = JobConfig.model_validate({"input": {"path": str(data)}})
     preparer = make_preparer(cfg, tokenizer=None)
     assert [preparer.row_id(r) for r in rows] == ["a", "b"]  # the column/template preparer
 
-    rundir = RunDir(tmp_path / "run", output_format("tsv").shard_format)
+    rundir = RunDir(tmp_path / "run", output_format("ltsv").shard_format)
     m = rundir.prepare()
     rundir.commit(m, [{"id": "a", "completion": "hi", "finish_reason": "stop"}], [])
     (shard,) = rundir.shard_files()
-    assert shard.name == "part-00000.tsv"
-    with open(shard, newline="", encoding="utf-8") as f:
-        assert list(csv.DictReader(f, delimiter="\t")) == [
-            {"id": "a", "completion": "hi", "finish_reason": "stop"}
-        ]
+    assert shard.name == "part-00000.ltsv"
+    assert shard.read_text(encoding="utf-8") == "id:a\tcompletion:hi\tfinish_reason:stop\n"
 
 
 def test_unknown_formats_name_the_known_ones():

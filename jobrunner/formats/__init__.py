@@ -15,7 +15,7 @@ from jobrunner.formats import csv, jsonl, openai_batch, parquet
 from jobrunner.formats.base import Format
 from jobrunner.io.compressed import CODECS, codec, data_suffix, full_suffix
 from jobrunner.io.partitions import Values, partition_values, with_partitions
-from jobrunner.io.readers import Item, find_files
+from jobrunner.io.readers import Item, ReadOptions, find_files
 from jobrunner.prep.embed import EmbedPreparer
 from jobrunner.prep.prepare import Preparer
 from jobrunner.registry import Registry
@@ -82,28 +82,34 @@ def resolve_format(path: str, fmt: str) -> str:
 
 
 def read_rows(
-    path: str, fmt: str = "auto", batch_rows: int = 1024, partition_columns: bool = True
+    path: str,
+    fmt: str = "auto",
+    batch_rows: int = 1024,
+    partition_columns: bool = True,
+    options: ReadOptions = ReadOptions(),
 ) -> Iterator[Item]:
-    """Every input row (RawRow) or unparseable row (RowError), file by file, in order; each
-    row with its file's partition columns unless `partition_columns` is false."""
+    """Every input row (RawRow) or unparseable row (RowError), file by file, in order, each
+    file cut as `options` say; each row with its file's partition columns unless
+    `partition_columns` is false."""
     for file in input_files(path, fmt):
         kind = detect_format(file, fmt)
-        items = input_format(kind).read(file, batch_rows)
+        items = input_format(kind).read(file, batch_rows, options)
         yield from with_partitions(items, partitions_of(file, path, kind, partition_columns))
 
 
 def job_rows(inp: Any) -> Iterator[Item]:
-    """read_rows for a job's input (`inp`: its InputConfig)."""
-    return read_rows(inp.path, inp.format, inp.batch_rows, inp.partition_columns)
+    """read_rows for a job's input (`inp`: its InputConfig): its separator, its partition
+    columns."""
+    return read_rows(inp.path, inp.format, inp.batch_rows, inp.partition_columns, inp.read_options)
 
 
 def read_file(
     file: str, inp: Any, batch_rows: int | None = None, kind: str | None = None
 ) -> Iterator[Item]:
-    """One input file's items as the job reads them (`inp`: its InputConfig); `kind`: the
-    file's format, where known."""
+    """One input file's items as the job reads them (`inp`: its InputConfig: its ReadOptions,
+    its partition columns); `kind`: the file's format, where known."""
     kind = kind or detect_format(file, inp.format)
-    items = input_format(kind).read(file, batch_rows or inp.batch_rows)
+    items = input_format(kind).read(file, batch_rows or inp.batch_rows, inp.read_options)
     return iter(with_partitions(items, file_partitions(file, inp, kind)))
 
 
@@ -121,6 +127,26 @@ def partitions_of(file: str, path: str, kind: str, enabled: bool = True) -> Valu
     if not enabled or input_format(kind).preparer is not None:
         return {}
     return partition_values(file, path)
+
+
+def check_read_options(cfg: Any) -> None:
+    """input.delimiter cuts CSV files: a ConfigError (78) where the input holds none (its
+    input.format names another format, or none of its files' suffixes is CSV's). In an input
+    of several formats it cuts the CSV files; the others have no separator."""
+    if cfg.input.delimiter is None:
+        return
+    kinds: dict[str, str] = {}  # format -> its first file
+    for file in input_files(cfg.input.path, cfg.input.format):
+        kind = detect_format(file, cfg.input.format)
+        if kind == "csv":
+            return
+        kinds.setdefault(kind, file)
+    found = ", ".join(f"{kind} ({Path(f).name})" for kind, f in kinds.items())
+    where = f"{cfg.source_file}: " if cfg.source_file else ""
+    raise ConfigError(
+        f"{where}input.delimiter: applies to CSV input only, and the input at"
+        f" {cfg.input.path} is {found}; remove input.delimiter"
+    )
 
 
 def make_preparer(cfg: Any, tokenizer: Any) -> Preparer:

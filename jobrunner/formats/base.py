@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobrunner.io.readers import Item
+from jobrunner.io.readers import Item, ReadOptions
 from jobrunner.types import RowError, RowRef
 
 if TYPE_CHECKING:
     from jobrunner.prep.prepare import Preparer
 
-Reader = Callable[[str, int], Iterator[Item]]  # (file, batch_rows) -> its rows, in order
+# (file, batch_rows, the job's ReadOptions) -> its rows, in order; a reader takes the options
+# of its format (CSV: the delimiter) and leaves the others
+Reader = Callable[[str, int, ReadOptions], Iterator[Item]]
 Writer = Callable[..., None]  # (records, path[, schema]): one shard file
 
 
@@ -30,8 +32,9 @@ class Format:
     parse_line: Callable[[bytes, RowRef], Item] | None = None
     claims: Callable[[str, str], bool] | None = None  # (file, its suffix's format): auto picks us
     compressed: bool = False  # a stream of text: read from `x.gz`, `x.zst`... (io/compressed.py)
-    # (file) -> the Arrow schema of its rows' columns, as the reader gives them (run_schema.py)
-    schema: Callable[[str], Any] | None = None
+    # (file, options) -> the Arrow schema of its rows' columns, as the reader gives them
+    # (run_schema.py)
+    schema: Callable[[str, ReadOptions], Any] | None = None
     # `schema` types every row the reader gives (JSONL): a pass that reads them anyway (the
     # input scan) types them as it goes (formats/columns.SchemaInference), not a second read
     schema_of_rows: bool = False

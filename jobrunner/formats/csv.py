@@ -1,4 +1,5 @@
 """CSV input (a header line, then rows); every value is read as a string, "" when empty.
+`.tsv` and `.tab` files are CSV separated by tabs; the separator is io.csv_rows.file_delimiter's.
 
 io.csv_rows cuts the file into rows: a bad row (ragged, not UTF-8) is its RowError and its
 neighbours are read; RowRef.line is the physical line the row starts on.
@@ -11,14 +12,14 @@ from typing import Any
 
 from jobrunner.formats.base import Format
 from jobrunner.io.csv_rows import Block, CsvRows
-from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.readers import Item, RawRow, ReadOptions
 from jobrunner.types import RowError, RowRef
 
 SLICE_ROWS = 1024  # a fast-path block becomes dicts this many rows at a time
 
 
-def read_csv(file: str, batch_rows: int) -> Iterator[Item]:
-    reader = CsvRows(file)
+def read_csv(file: str, batch_rows: int, options: ReadOptions = ReadOptions()) -> Iterator[Item]:
+    reader = CsvRows(file, options.delimiter)
     for part in reader.parts():
         if isinstance(part, Block):
             yield from _block_rows(file, part)
@@ -38,13 +39,15 @@ def _block_rows(file: str, block: Block) -> Iterator[RawRow]:
             yield RawRow(values, RowRef(file, at[0] + k, at[1] + k))
 
 
-def file_schema(file: str) -> Any:
+def file_schema(file: str, options: ReadOptions = ReadOptions()) -> Any:
     """Every column a string (run_schema.py), named by the header."""
     import pyarrow as pa
 
-    reader = CsvRows(file)
+    reader = CsvRows(file, options.delimiter)
     next(iter(reader.parts()), None)  # the header is known once the first part is out
     return pa.schema({name: pa.string() for name in reader.header or []})
 
 
-FORMAT = Format("csv", suffixes=(".csv",), read=read_csv, compressed=True, schema=file_schema)
+FORMAT = Format(
+    "csv", suffixes=(".csv", ".tsv", ".tab"), read=read_csv, compressed=True, schema=file_schema
+)

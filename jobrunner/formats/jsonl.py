@@ -12,11 +12,11 @@ from jobrunner.formats.base import Format
 from jobrunner.formats.columns import infer_schema, json_dumps
 from jobrunner.formats.lines import iter_lines
 from jobrunner.io.compressed import plain_name
-from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.readers import Item, RawRow, ReadOptions
 from jobrunner.types import RowError, RowRef, kind_of
 
 
-def read_jsonl(file: str, batch_rows: int) -> Iterator[Item]:
+def read_jsonl(file: str, batch_rows: int, options: ReadOptions = ReadOptions()) -> Iterator[Item]:
     for ln in iter_lines(file):
         if ln.row == 0 and ln.raw.lstrip()[:1] == b"[":
             _refuse_an_array(file, ln.raw)
@@ -93,7 +93,7 @@ def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
             f.write(json_dumps(r) + "\n")
 
 
-def file_schema(file: str) -> Any:
+def file_schema(file: str, options: ReadOptions = ReadOptions()) -> Any:
     """The Arrow types of a JSONL file's keys, over all its lines (bad lines left out)."""
     return infer_schema(r.values for r in read_jsonl(file, 0) if isinstance(r, RawRow))
 

@@ -12,12 +12,14 @@ from jobrunner.errors import InputDataError
 from jobrunner.formats.base import Format
 from jobrunner.formats.columns import is_json_text, json_dumps, storable
 from jobrunner.io.fs import is_remote, open_file
-from jobrunner.io.readers import Item, RawRow
+from jobrunner.io.readers import Item, RawRow, ReadOptions
 from jobrunner.io.store_errors import from_store_error
 from jobrunner.types import RowError, RowRef
 
 
-def read_parquet(file: str, batch_rows: int) -> Iterator[Item]:
+def read_parquet(
+    file: str, batch_rows: int, options: ReadOptions = ReadOptions()
+) -> Iterator[Item]:
     row = 0
     pf = open_parquet(file)
     batches = pf.iter_batches(batch_size=batch_rows)
@@ -137,7 +139,7 @@ def write_parquet(records: list[dict[str, Any]], path: Path, schema: Any = None)
     pq.write_table(embedding_column(parquet_table(records, schema)), path)
 
 
-def file_schema(file: str) -> Any:
+def file_schema(file: str, options: ReadOptions = ReadOptions()) -> Any:
     """The Arrow schema of a Parquet file's columns (its footer)."""
     return open_parquet(file).schema_arrow
 

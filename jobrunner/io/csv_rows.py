@@ -9,11 +9,12 @@ into rows is the file's error (InputDataError): a header that repeats a name or 
 a quote opened and never closed, a field past MAX_FIELD_CHARS. An empty file has no rows.
 A compressed file's text is read as it is decompressed (io/compressed.py).
 
-The separator is the header's (`sniff_delimiter`): a comma when the header holds one outside
-quotes, else whichever of `;` (Excel's CSV where the decimal mark is a comma), tab and `|` it
-holds most, where the file's first rows agree (each cut into as many fields as the header);
-else a comma (a one-column file whose header holds a `;` stays one column). Every row of the
-file is cut by it.
+The separator (`file_delimiter`) is the job's `input.delimiter` where it names one; else a tab
+for a `.tsv` or `.tab` file (compressed too: `.tsv.gz`), by its suffix alone; else the
+header's (`sniff_delimiter`): a comma when the header holds one outside quotes, else whichever
+of `;` (Excel's CSV where the decimal mark is a comma), tab and `|` it holds most, where the
+file's first rows agree (each cut into as many fields as the header); else a comma (a
+one-column file whose header holds a `;` stays one column). Every row of the file is cut by it.
 
 The fast path: a block after the header, valid UTF-8, that pyarrow reads into as many rows as
 it has lines, the last line's quotes closed, has each row on one line; there pyarrow cuts the
@@ -35,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from jobrunner.errors import InputDataError
-from jobrunner.io.compressed import open_input
+from jobrunner.io.compressed import data_suffix, open_input
 
 BOM = b"\xef\xbb\xbf"
 BLOCK_BYTES = 1 << 20  # bytes read at once; a block is cut after its last line end
@@ -47,6 +48,7 @@ _QUOTED = re.compile(r'"[^"]*"?')
 OTHER_DELIMITERS = ";\t|"  # a header without a comma outside quotes is cut by one of these
 SNIFF_ROWS = 50  # the rows after the header that must agree with another separator
 SNIFF_BYTES = 1 << 16  # the file's head the separator is told from
+SUFFIX_DELIMITERS = {".tsv": "\t", ".tab": "\t"}  # files whose suffix says their separator
 
 
 class Row(NamedTuple):
@@ -65,12 +67,14 @@ class Block(NamedTuple):
 
 
 class CsvRows:
-    """One CSV file read front to back; `header` is known once the first part is out."""
+    """One CSV file read front to back; `header` is known once the first part is out.
+    `delimiter`: the job's input.delimiter (None: the file's, file_delimiter)."""
 
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, delimiter: str | None = None) -> None:
         self.file = file
         self.header: list[str] | None = None
-        self.delimiter = ","  # the header's (sniff_delimiter), once it is read
+        self.chosen = delimiter
+        self.delimiter = ","  # file_delimiter's, once the file is opened
         self.line = 1  # the physical line the next block starts on
         self.row = 0  # the index the next row gets
 
@@ -79,7 +83,7 @@ class CsvRows:
         holds the `columns` the header has (None: all of them)."""
         csv.field_size_limit(max(csv.field_size_limit(), MAX_FIELD_CHARS))
         try:
-            self.delimiter = self._sniff()
+            self.delimiter = file_delimiter(self.file, self.chosen)
             f = open_input(self.file)
         except OSError as e:
             raise InputDataError(f"{self.file}: not a readable CSV file: {e}") from e
@@ -103,18 +107,8 @@ class CsvRows:
                 " are read. Repair the file and run again"
             ) from e
 
-    def _sniff(self) -> str:
-        """The file's separator, from its first SNIFF_BYTES (whatever the blocks' size)."""
-        with open_input(self.file) as f:
-            head = f.read(SNIFF_BYTES)
-            whole = len(head) < SNIFF_BYTES
-        if not whole:  # whole lines only
-            head = head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
-        text = head.removeprefix(BOM).decode("utf-8", "surrogateescape")
-        return sniff_delimiter(io.StringIO(text, newline="").readlines())
-
     def _plain_block(self, data: bytes, columns: list[str] | None) -> Block | None:
-        if self.header is None or not _is_utf8(data):
+        if self.header is None or not _fast_delimiter(self.delimiter) or not _is_utf8(data):
             return None
         names = self.header if columns is None else [c for c in columns if c in self.header]
         quoted = b'"' in data
@@ -201,6 +195,25 @@ class CsvRows:
         )
 
 
+def file_delimiter(file: str, chosen: str | None = None) -> str:
+    """The separator `file` is cut by: `chosen` (input.delimiter), else its suffix's, else its
+    header's (module doc)."""
+    if chosen is not None:
+        return chosen
+    return SUFFIX_DELIMITERS.get(data_suffix(file)) or _sniff(file)
+
+
+def _sniff(file: str) -> str:
+    """The file's separator, from its first SNIFF_BYTES (whatever the blocks' size)."""
+    with open_input(file) as f:
+        head = f.read(SNIFF_BYTES)
+        whole = len(head) < SNIFF_BYTES
+    if not whole:  # whole lines only
+        head = head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
+    text = head.removeprefix(BOM).decode("utf-8", "surrogateescape")
+    return sniff_delimiter(io.StringIO(text, newline="").readlines())
+
+
 def sniff_delimiter(lines: list[str]) -> str:
     """The separator of a file whose first lines are `lines` (module doc)."""
     header = next((x for x in lines if x.strip()), "")
@@ -273,6 +286,11 @@ def _closes(line: bytes, delimiter: str) -> bool:
 def _last_line(data: bytes) -> bytes:
     body = data.removesuffix(b"\n").removesuffix(b"\r")
     return body[max(body.rfind(b"\n"), body.rfind(b"\r")) + 1 :]
+
+
+def _fast_delimiter(delimiter: str) -> bool:
+    """pyarrow takes one ASCII byte, not NUL, as a separator; the csv module takes any."""
+    return delimiter.isascii() and delimiter != "\0"
 
 
 def _is_utf8(data: bytes) -> bool:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from jobrunner.io.readers import ReadOptions
+
 SORTED_LOOKUP = 1024  # queries from which contains_hashes sorts them first
 LOOKUP_CHUNK = 1 << 20  # queries contains_hashes answers at once
 CSV_ID_ROWS = 1 << 16  # ids of parsed CSV rows per batch
@@ -210,7 +212,9 @@ def valid_hashes(ids: Any) -> np.ndarray:
     return hash_ids(ids) if len(ids) else np.empty(0, np.uint64)
 
 
-def iter_id_batches(file: str, fmt: str, id_column: str | None) -> Any:
+def iter_id_batches(
+    file: str, fmt: str, id_column: str | None, options: ReadOptions = ReadOptions()
+) -> Any:
     """(first row, Arrow batch) over a Parquet or CSV file, reading the id column alone."""
     from jobrunner.io.fs import open_file
 
@@ -225,15 +229,15 @@ def iter_id_batches(file: str, fmt: str, id_column: str | None) -> Any:
                 yield first, batch
                 first += batch.num_rows
         return
-    yield from _csv_id_batches(file, id_column)
+    yield from _csv_id_batches(file, id_column, options.delimiter)
 
 
-def _csv_id_batches(file: str, id_column: str | None) -> Any:
+def _csv_id_batches(file: str, id_column: str | None, delimiter: str | None) -> Any:
     """The CSV file's rows as io.csv_rows cuts them, the id column alone; a row the reader
     makes a RowError has a null id. Without an id column, batches of no columns."""
     from jobrunner.io.csv_rows import Block, CsvRows
 
-    reader, first, ids = CsvRows(file), 0, []
+    reader, first, ids = CsvRows(file, delimiter), 0, []
     k: int | None = None  # the id column's index (-1: none), once the header is read
     for part in reader.parts([id_column] if id_column else []):
         if ids and (isinstance(part, Block) or len(ids) == CSV_ID_ROWS):

@@ -40,6 +40,16 @@ class RawRow:
 Item = RawRow | RowError
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """The job's settings that decide how a file is cut into rows (`input.*`); a format's
+    reader takes those that apply to it."""
+
+    # CSV: the separator of every CSV file; None: `.tsv` and `.tab` by tab, else told from the
+    # file's header (io/csv_rows.file_delimiter)
+    delimiter: str | None = None
+
+
 def find_files(path: str, suffixes: Collection[str], quiet: bool = False) -> list[str]:
     """The files at `path` in a stable order: a file, the files of a directory with one of
     `suffixes` (compound for compressed files: `.jsonl.gz`), or the files a glob matches.

@@ -10,7 +10,7 @@ from typing import Any
 from jobrunner.formats.jsonl import parse_json_line
 from jobrunner.formats.lines import read_lines
 from jobrunner.io.compressed import open_input
-from jobrunner.io.readers import Item
+from jobrunner.io.readers import Item, ReadOptions
 from jobrunner.prep.prepare import derived_id
 from jobrunner.prep.render import RenderError
 from jobrunner.types import RowError, RowRef, kind_of
@@ -55,7 +55,9 @@ def body_object(values: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def read_openai_batch(file: str, batch_rows: int) -> Iterator[Item]:
+def read_openai_batch(
+    file: str, batch_rows: int, options: ReadOptions = ReadOptions()
+) -> Iterator[Item]:
     return read_lines(file, parse_batch_line)
 
 
