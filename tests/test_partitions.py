@@ -200,6 +200,34 @@ def test_ray_blocks_carry_their_partition_columns_to_the_worker(tmp_path):
         assert all(r.values["id"].startswith(r.values["country"]) for r in rows if kind != "csv")
 
 
+@pytest.mark.parametrize(
+    "name, input_keys", [("a.tsv", {}), ("a.csv", {"delimiter": "\t"})], ids=["tsv", "delimiter"]
+)
+def test_a_partitioned_folder_of_tab_separated_files_reads_its_separator_and_folders(
+    tmp_path, name, input_keys
+):
+    """`country=de/a.tsv`: each file cut by tabs (its suffix, or input.delimiter) though its
+    header holds a comma, each row with its folder's column, in validate and the Ray blocks."""
+    from jobrunner.executors.ray_blocks import plan_blocks, unpack_block
+
+    root = tmp_path / "t"
+    for c in ("de", "fr"):
+        (root / f"country={c}").mkdir(parents=True)
+        rows = f"id\tnote, short\ttext\n{c}-0\tx\tone, two\n{c}-1\ty\tthree\n"
+        (root / f"country={c}" / name).write_text(rows)
+    target = job(tmp_path, root, "Say {text} in {country}", **input_keys)
+    result, summary = cli("validate", target)
+    assert result.exit_code == 0, result.stdout
+    assert (summary["rows"], summary["valid"]) == (4, 4), summary
+    plan = plan_blocks(JobConfig.model_validate_json(target.read_text()), set(), 3)
+    got = [r.values for b in plan.blocks for r in unpack_block(b["payload"])[0]]
+    assert got == [
+        {"id": f"{c}-{i}", "note, short": note, "text": text, "country": c}
+        for c in ("de", "fr")
+        for i, note, text in ((0, "x", "one, two"), (1, "y", "three"))
+    ]
+
+
 def test_the_ray_driver_refuses_a_parquet_column_named_as_a_partition_key(tmp_path):
     """Before any block runs: a worker's failure would not be the user's 65."""
     from jobrunner.errors import InputDataError
