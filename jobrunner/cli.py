@@ -338,8 +338,8 @@ def init(
         typer.Argument(
             metavar="DATA_FILE",
             help=(
-                "a .csv, .parquet or .jsonl file of your rows, or a folder of them (a path, or"
-                " a store URL: s3://...)"
+                "a .csv, .tsv, .parquet or .jsonl file of your rows (also .gz, .zst), or a"
+                " folder of them (a path, or a store URL: s3://...)"
             ),
         ),
     ],
