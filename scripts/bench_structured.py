@@ -9,6 +9,7 @@ distinct schema's compile time, and the sampler's bitmask time per step (fill + 
 
     python scripts/bench_structured.py                 # 256 rows, 64 new tokens
     python scripts/bench_structured.py --rows 64 --rounds 1
+    python scripts/bench_structured.py --engine static  # HF generate, as for GPT-2 or Gemma
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from jobrunner.config import JobConfig
+from jobrunner.engine.base import Engine
 from jobrunner.engine.loader import load_model
 from jobrunner.engine.paged import PagedEngine
+from jobrunner.engine.static import StaticEngine
 from jobrunner.structured.spec import response_format_spec
 from jobrunner.types import Request, SamplingParams
 
@@ -61,7 +64,7 @@ def requests(tokenizer, rows: int, max_new: int, spec) -> list[Request]:
     return out
 
 
-def run(engine: PagedEngine, reqs: list[Request]) -> dict:
+def run(engine: Engine, reqs: list[Request]) -> dict:
     before = engine.stats.generated_tokens
     t = time.perf_counter()
     results = list(engine.generate(reqs))
@@ -77,13 +80,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="free/json pairs, order alternating")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--engine", choices=("paged", "static"), default="paged")
     args = ap.parse_args()
     # no prefix cache: each run computes its prompts, whichever ran before it
     cfg = JobConfig.model_validate(
         {"model": {"dtype": args.dtype}, "engine": {"prefix_caching": False}}
     )
     loaded = load_model(cfg.model)
-    engine = PagedEngine(loaded, cfg)
+    engine = (PagedEngine if args.engine == "paged" else StaticEngine)(loaded, cfg)
     spec = response_format_spec(
         {"type": "json_schema", "json_schema": {"name": "extract", "schema": SCHEMA}}, "bench"
     )
@@ -99,7 +103,9 @@ def main() -> None:
     g = engine.grammars
     free_tps = sum(m["tokens"] for m in measured["free"]) / sum(m["wall"] for m in measured["free"])
     json_tps = sum(m["tokens"] for m in measured["json"]) / sum(m["wall"] for m in measured["json"])
-    print(f"\n{args.rows} rows, max_new_tokens {args.max_new_tokens}, {args.rounds} round(s)")
+    print(
+        f"\n{args.engine} engine, {args.rows} rows, max_new_tokens {args.max_new_tokens}, {args.rounds} round(s)"
+    )
     print("| run | generated tokens | wall s | tokens/s | complete JSON |")
     print("| --- | --- | --- | --- | --- |")
     for name in ("free", "json"):
