@@ -363,3 +363,22 @@ def test_other_clients_errors_are_left_to_the_other_mappings():
 
     assert from_store_error(HubError()) is None
     assert from_store_error(OSError(28, "No space left on device")) is None
+
+
+def test_restart_keeps_a_users_objects_under_the_run_prefix(tmp_path, s3_bucket):
+    """--restart deleted every object under the run's prefix, a user's notes beside the
+    results included; as locally, it now refuses (78) naming them and removes nothing."""
+    job, url = s3_job(tmp_path, s3_bucket)
+    assert run(job).returncode == 0
+    f, root = store.filesystem(url)
+    f.pipe_file(f"{root}/notes.txt", b"mine")
+    f.pipe_file(f"{root}/results/mine.csv", b"a,b\n")
+    before = sorted(f.find(root))
+    p = run(job, "--restart")
+    assert p.returncode == 78, p.stderr[-3000:]
+    error = summary(p.stdout)["error"]
+    assert f"{url}/notes.txt" in error and f"{url}/results/mine.csv" in error
+    assert sorted(f.find(root)) == before  # nothing removed
+    f.rm([f"{root}/notes.txt", f"{root}/results/mine.csv"])
+    p = run(job, "--restart")
+    assert p.returncode == 0 and summary(p.stdout)["status"] == "done", p.stderr[-3000:]

@@ -327,8 +327,9 @@ def outside_run_dirs(files: list[str], root: Path) -> list[str]:
 _STORE_RECORD = re.compile(r"^(.+)/commits/\d{10}\.json$")
 # An object named as a run directory's are (rundir.OWN_FILES, OWN_FOLDER_FILES; a store run's
 # errors/ and commits/): only such objects of a glob have their folders checked for records.
+RUN_FOLDERS = ("results", "rows", "telemetry", "ray-errors", "errors", "commits")
 RUN_OBJECT = re.compile(
-    r"/(results|rows|telemetry|ray-errors|errors|commits)/[^/]+$"
+    rf"/({'|'.join(RUN_FOLDERS)})/[^/]+$"
     r"|/(errors\.jsonl|manifest\.json|input_rows\.parquet|report\.\w+|metrics\.prom"
     r"|output\.jsonl|batch\.json|estimate\.json|_SUCCESS)$"
 )

@@ -44,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,10 +55,11 @@ from jobrunner.errors import RunDirError, RunLocked, StoreError
 from jobrunner.formats import FORMATS
 from jobrunner.io.failed_rows import without_failed
 from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, missing_bucket, scheme
-from jobrunner.io.identity import ROWS_FILE
+from jobrunner.io.identity import ROWS_FILE, RUN_FOLDERS, RUN_OBJECT
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.row_ranges import CommittedRows
 from jobrunner.io.rundir import (
+    OWN_FOLDER_FILES,
     ErrorPlaces,
     Manifest,
     fault,
@@ -463,9 +465,18 @@ class StoreRunDir:
                 self.fs.pipe_file(self._key(rel), f.read_bytes())
 
     def clear(self) -> None:
-        """--restart: every object under the prefix goes (check_ours: they are a run's); the
-        prefix itself stays, and so does the bucket of a run at a bucket's root."""
+        """--restart: the run's objects go, as a local run's files do; an object of the user's
+        under the prefix is refused first (78), so nothing is half removed. The prefix itself
+        stays, and so does the bucket of a run at a bucket's root."""
         keys = [k for k in self.fs.find(self.root) if k.rstrip("/") != self.root]
+        foreign = [k for k in keys if not _run_object(k[len(self.root) :])]
+        if foreign:
+            shown = ", ".join(f"{self.url}{k[len(self.root) :]}" for k in foreign[:5])
+            more = f", ... {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            raise RunDirError(
+                f"--restart removes only the objects a run wrote, and {shown}{more} is not one:"
+                " move it out of the run's prefix and run again (nothing was removed)"
+            )
         if keys:
             self.fs.rm(keys)
         self._shards, self._errors, self._seq, self._head = [], [], -1, None
@@ -540,6 +551,24 @@ def _encode(records: list[dict[str, Any]], fmt: str, write: Callable) -> bytes:
         tmp = Path(d) / f"shard{FORMATS.get(fmt).suffix}"
         write(records, tmp)
         return tmp.read_bytes()
+
+
+# A store run's own folders besides a local run's (rundir.OWN_FOLDER_FILES)
+STORE_FOLDER_FILES: dict[str, Callable[[str], bool]] = {
+    "errors": lambda name: re.fullmatch(r"errors-\d+-[\w-]+\.jsonl", name) is not None,
+    "commits": lambda name: re.fullmatch(r"\d{10}\.json", name) is not None,
+}
+
+
+def _run_object(rel: str) -> bool:
+    """Whether `rel` (a key below the run's prefix, from its "/") is one a run writes (named
+    as rundir.clear takes a local run's files), or one of its folders' markers (a zero-byte
+    `results/`, as a console's "create folder" makes)."""
+    parts = rel.strip("/").split("/")
+    if len(parts) == 1:
+        return parts[0] in RUN_FOLDERS or RUN_OBJECT.fullmatch(rel) is not None
+    ours = {**OWN_FOLDER_FILES, **STORE_FOLDER_FILES}.get(parts[0])
+    return len(parts) == 2 and ours is not None and ours(parts[1])
 
 
 def _seq(key: str) -> int:
