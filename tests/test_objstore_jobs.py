@@ -135,8 +135,15 @@ def test_a_run_over_its_error_budget_leaves_the_errors_jsonl_it_names(tmp_path, 
     assert p.returncode == 65, p.stderr[-3000:]
     assert f"see {url}/errors.jsonl" in summary(p.stdout)["error"]
     f, root = store.filesystem(url)
-    lines = [json.loads(x) for x in f.cat_file(f"{root}/errors.jsonl").decode().splitlines()]
+    first = f.cat_file(f"{root}/errors.jsonl")
+    lines = [json.loads(x) for x in first.decode().splitlines()]
     _, errors = store_rows(url)
     got = sorted(((e["id"], e["line"], e["code"]) for e in lines), key=repr)
     assert got == errors != []
     assert not f.exists(f"{root}/_SUCCESS")
+    # a --retry-errors killed before its record leaves the run as it was: 65, errors.jsonl there
+    p = run(job, "--retry-errors", JOBRUNNER_FAULT_KILL="retry_unmarked:1")
+    assert p.returncode == -9, p.stderr[-3000:]
+    p = run(job)
+    assert p.returncode == 65, p.stderr[-3000:]
+    assert f.cat_file(f"{root}/errors.jsonl") == first

@@ -84,6 +84,13 @@ def _state(url: str, fmt: str) -> tuple[list[str], set[str], set[str]]:
     return ids, ok, {e["id"] for e in rd.iter_errors()}
 
 
+def _errors_file_ids(url: str) -> set[str]:
+    f, root = store.filesystem(url)
+    if not f.exists(f"{root}/errors.jsonl"):
+        return set()
+    return {json.loads(x)["id"] for x in f.cat_file(f"{root}/errors.jsonl").splitlines() if x}
+
+
 def _rerun(url: str, fmt: str, retry_errors: bool) -> None:
     """What `jobrunner run` does to the run directory: the rows not committed run (and now
     succeed, at 0.5 USD each), then the run finishes."""
@@ -120,6 +127,7 @@ def test_a_crash_at_any_write_of_a_retry_loses_and_duplicates_no_row(s3_bucket, 
         _rerun(url, fmt, retry_errors=False)  # a plain rerun completes what was left
         ids, ok, errors = _state(url, fmt)
         assert len(ids) == len(set(ids)) and ok | errors == IDS and not ok & errors, n
+        assert _errors_file_ids(url) == errors, n  # errors.jsonl says what the records say
         _rerun(url, fmt, retry_errors=True)
         ids, ok, errors = _state(url, fmt)
         assert sorted(ids) == sorted(IDS) and ok == IDS and errors == set(), n

@@ -21,19 +21,20 @@ directory, `path`, and uploaded by `publish`.
 
 --retry-errors (`forget_failed`) makes the failed rows pending again by one record, so a row is
 in one state at every point (failed, or pending) and never in two:
-  1. DELETE _SUCCESS, then errors.jsonl: no marker may stand beside records that leave rows
-     pending, and errors.jsonl is assembled again from the records when the run succeeds;
+  1. DELETE _SUCCESS: no marker may stand beside records that leave rows pending;
   2. PUT, for each listed shard holding failed rows, its other rows as a new object
      `part-NNNNN-<run>-KKKKK` (none where every row failed): listed by no record yet, so unread;
   3. create record NNNNN (conditional, as a commit's): `retry.replaced` maps each such shard's
      name to its new entry (or null), and applying it also empties the error list; it carries
      the manifest, no longer finished, its `retired_cost_usd` raised by the dropped rows' cost;
-  4. PUT manifest.json; DELETE the replaced shards and the old errors/ objects.
+  4. PUT manifest.json; DELETE errors.jsonl (assembled again from the records when the run
+     ends), the replaced shards and the old errors/ objects.
 A kill before the record of 3 leaves the records as they were (a run that had _SUCCESS is
 unfinished without it, and a plain rerun finishes it again as it was; one that ended 65 still
 answers 65; a --retry-errors starts over; the objects of 2 are garbage); a kill after it leaves
-the failed rows pending, which any rerun runs (what 4 would delete is garbage). Garbage is what
-no record lists: never read, deleted when the run succeeds. A run that committed since the
+the failed rows pending, which any rerun runs (what 4 would delete is garbage; errors.jsonl,
+stale until the run ends, is written anew then). Garbage is what no record lists: never read,
+deleted when the run ends, whatever its outcome. A run that committed since the
 retry read the records takes its record number first: the retry stops (RunLocked).
 """
 
@@ -370,7 +371,6 @@ class StoreRunDir:
         self._commits += 1  # a commit of this process: fault points count it
         old = [self._key("errors", e["name"]) for e in self._errors]
         self._remove(self._key("_SUCCESS"))
-        self._remove(self._key("errors.jsonl"))
         fault("retry_unmarked", self._commits)
         replaced, retired = self._put_kept_rows(stale)
         fault("retry_shards", self._commits)
@@ -381,7 +381,9 @@ class StoreRunDir:
         self._error_places = ErrorPlaces()
         self.recount(m)
         self._put(self._key("manifest.json"), json.dumps(m.to_json(), indent=1).encode(), None)
-        for key in [*(self._key("results", s["name"]) for s in stale), *old]:
+        for key in [self._key("errors.jsonl"), *(self._key("results", s["name"]) for s in stale)]:
+            self._remove(key)
+        for key in old:
             self._remove(key)
         return failed
 
@@ -424,26 +426,30 @@ class StoreRunDir:
             self.fs.rm_file(key)
 
     def mark_finished(self, m: Manifest, exit_code: int, message: str = "") -> None:
-        """Every row has its final state. A run that ends over its error budget (65, its
-        message naming errors.jsonl) gets errors.jsonl here; a clean one in mark_success."""
+        """Every row has its final state: errors.jsonl (a run over its error budget ends 65
+        naming it), then the record saying so; a kill between them leaves the run unfinished,
+        so the next run finishes it again. The objects of failed commits are deleted."""
+        self._write_errors_file()
         m.finished_at = time.time()
         m.outcome = {"exit_code": exit_code, "message": message}
         self.save_manifest(m)
-        if exit_code:
-            self._write_errors_file()
+        self._collect_garbage()
 
     def mark_success(self, m: Manifest | None = None) -> None:
-        """errors.jsonl, then _SUCCESS; the objects of failed commits are deleted."""
+        """_SUCCESS, after mark_finished (errors.jsonl, garbage collected); a run finished by
+        a jobrunner that assembled errors.jsonl only here gets it now."""
         m = m or self.load_manifest() or Manifest()
         if m.finished_at is None:
             self.mark_finished(m, 0)
-        self._write_errors_file()
+        elif self._errors and not self.fs.exists(self._key("errors.jsonl")):
+            self._write_errors_file()
         self._put(self._key("_SUCCESS"), b"", None)
-        self._collect_garbage()
 
     def _write_errors_file(self) -> None:
-        """errors.jsonl, every commit's errors in one object, as a local run has it."""
+        """errors.jsonl, every commit's errors in one object, as a local run has it (none
+        where no row failed: a retry's stale one goes)."""
         if not self._errors:
+            self._remove(self._key("errors.jsonl"))
             return
         with self.fs.open(self._key("errors.jsonl"), "wb") as out:
             for e in self._errors:
