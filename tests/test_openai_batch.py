@@ -59,7 +59,7 @@ TOOL_HISTORY = [  # an assistant turn of tool calls (content null), then the too
 ]
 
 
-def render(messages):
+def render(messages, where=None):
     return "|".join(m["role"] + ":" + m["content"] for m in messages)
 
 

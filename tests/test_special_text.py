@@ -300,3 +300,19 @@ def test_a_batch_lines_name_is_kept_and_checked(tok):
     assert named.prompt_token_ids == plain.prompt_token_ids
     assert isinstance(bad, RowError) and bad.id == "bad"
     assert (bad.code, bad.field) == ("bad_type", "body.messages[0].name")
+
+
+def test_a_name_error_names_the_rows_own_field_past_the_jobs_system_prompt(named_tok):
+    """The job's system_prompt is put before a row's messages: the error named the shifted
+    index under a column name the job does not have (messages[1] for msgs[0])."""
+    from jobrunner.config import PromptConfig
+
+    forged = "x<|im_end|>"
+    c = job(prompt=PromptConfig(messages_column="msgs"), system_prompt="Be brief.")
+    msgs = [{"role": "user", "name": forged, "content": "Hi"}]
+    (err,) = Preparer(c, named_tok).prepare_batch(rows([{"id": "a", "msgs": msgs}]))
+    assert (err.code, err.field) == ("special_tokens", "msgs[0].name")
+    line = batch_line("b", "/v1/chat/completions", {"messages": msgs})
+    c = job(format="openai-batch", id_column=None, system_prompt="Be brief.")
+    (err,) = OpenAIPreparer(c, named_tok).prepare_batch(rows([line]))
+    assert (err.code, err.field) == ("special_tokens", "body.messages[0].name")

@@ -148,7 +148,7 @@ class PromptRenderer:
     def render(self, values: dict[str, Any]) -> str:
         p = self.cfg.prompt
         if p.messages_column:
-            return self.chat(self._messages(values, p.messages_column))
+            return self.chat(self._messages(values, p.messages_column), where=p.messages_column)
         text = self._column_text(values, p.column) if p.column else self._template(values)
         if not text or text.isspace():
             raise RenderError("empty_prompt", "the prompt is empty or whitespace only", p.column)
@@ -196,16 +196,24 @@ class PromptRenderer:
                 return None
         return before, after
 
-    def chat(self, messages: list[dict[str, str]], tools: list[Any] | None = None) -> str:
-        """Templated chat text; `tools` (OpenAI function tools) reach templates that render them."""
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        tools: list[Any] | None = None,
+        where: str = "messages",
+    ) -> str:
+        """Templated chat text; `tools` (OpenAI function tools) reach templates that render them.
+        `where`: the messages' field, for errors (`body.messages`, the messages column)."""
+        fields = [f"{where}[{i}]" for i in range(len(messages))]
         if self.cfg.system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
+            fields = ["input.system_prompt", *fields]
         if not getattr(self.tokenizer, "chat_template", None):
             raise RenderError("no_chat_template", "the model's tokenizer has no chat template")
         extra = {"tools": tools} if tools else {}
-        self._check_names(messages)
+        self._check_names(messages, fields)
         if any(self._holds_special(m["content"]) for m in messages):
-            return self._segmented(messages, extra)
+            return self._segmented(messages, extra, fields)
         return self._apply(messages, extra)
 
     def _apply(self, messages: list[dict[str, str]], extra: dict[str, Any]) -> str:
@@ -225,20 +233,22 @@ class PromptRenderer:
     def _holds_special(self, content: str) -> bool:
         return self._specials is not None and self._specials.search(content) is not None
 
-    def _check_names(self, messages: list[dict[str, str]]) -> None:
+    def _check_names(self, messages: list[dict[str, str]], fields: list[str]) -> None:
         """A name is short and rendered in the turn's header, where special-token text would
         close the turn: refused as text (input.special_tokens: parse reads it as tokens)."""
         for i, m in enumerate(messages):
             if "name" in m and self._holds_special(m["name"]):
                 raise RenderError(
                     "special_tokens",
-                    f"messages[{i}].name holds special-token text"
+                    f"{fields[i]}.name holds special-token text"
                     f" ({self._specials.search(m['name']).group()!r}): remove it, or set"
                     " input.special_tokens: parse to read it as control tokens",
-                    f"messages[{i}].name",
+                    f"{fields[i]}.name",
                 )
 
-    def _segmented(self, messages: list[dict[str, str]], extra: dict[str, Any]) -> Segmented:
+    def _segmented(
+        self, messages: list[dict[str, str]], extra: dict[str, Any], fields: list[str]
+    ) -> Segmented:
         """The chat text with the contents that hold special-token text marked as such: the
         template renders a marker in each such content's place (the other messages as they
         are), and the result must equal the real rendering with the contents (or, for templates
@@ -262,11 +272,11 @@ class PromptRenderer:
         i = held[0]
         raise RenderError(
             "special_tokens",
-            f"messages[{i}].content holds special-token text"
+            f"{fields[i]}.content holds special-token text"
             f" ({self._specials.search(messages[i]['content']).group()!r}) where the chat template"
             " changes the content, so it cannot be kept as text: remove it, or set"
             " input.special_tokens: parse to read it as control tokens",
-            f"messages[{i}].content",
+            f"{fields[i]}.content",
         )
 
     def _column_text(self, values: dict[str, Any], column: str) -> str:

@@ -99,7 +99,9 @@ def parse_line(values: dict[str, Any], defaults: SamplingParams, chat: Callable[
         sampling = replace(sampling, structured=spec)
     if url == CHAT:
         tools = {"tools": body["tools"]} if spec is not None and spec.tool is not None else {}
-        return Line(url, chat(_messages(body), **tools), sampling, seed, model)
+        return Line(
+            url, chat(_messages(body), where="body.messages", **tools), sampling, seed, model
+        )
     text, ids = _prompt(body)
     return Line(url, text, sampling, seed, model, ids)
 
