@@ -172,3 +172,25 @@ def test_a_spec_that_does_not_compile_fails_its_row_only(model_f32):
     got = {r.id: r for r in StaticEngine(model_f32, JobConfig()).generate(reqs)}
     assert got["bad"].error_code == "bad_schema" and "body.response_format" in got["bad"].error
     assert got["ok"].error_code is None and got["ok"].token_ids
+
+
+def test_a_row_ended_by_a_stop_string_counts_the_tokens_the_paged_engine_counts(model_f32):
+    """generate() pads a row after its stop string: the padding (an EOS id here) was kept as
+    the row's last token, one completion token more than the paged engine's, and paid for."""
+    from jobrunner.engine.paged import PagedEngine
+
+    ids = prompts(model_f32.tokenizer, TEXTS)
+    sp = SamplingParams(max_new_tokens=24, stop=(".", ","))
+    reqs = [Request(f"r{i}", p, sp) for i, p in enumerate(ids)]
+    cfg = JobConfig.model_validate({"model": {"dtype": "float32"}})
+    static = {r.id: r for r in StaticEngine(model_f32, cfg).generate(reqs)}
+    paged = {r.id: r for r in PagedEngine(model_f32, cfg).generate(reqs)}
+    assert any(r.finish_reason.value == "stop" for r in paged.values())
+    for rid, want in paged.items():
+        got = static[rid]
+        assert (got.token_ids, got.completion, got.finish_reason) == (
+            want.token_ids,
+            want.completion,
+            want.finish_reason,
+        ), rid
+        assert got.usage.completion_tokens == want.usage.completion_tokens

@@ -15,7 +15,13 @@ from dataclasses import replace
 from itertools import islice
 
 from jobrunner.engine.base import Engine, model_context
-from jobrunner.engine.finish import cut_at_end, error_result, make_choice, make_result
+from jobrunner.engine.finish import (
+    cut_at_end,
+    error_result,
+    find_stop,
+    make_choice,
+    make_result,
+)
 from jobrunner.engine.sampler import RowSampler, sample
 from jobrunner.types import FinishReason, Request, Result
 
@@ -172,6 +178,8 @@ class StaticEngine(Engine):
         """Tokens up to the row's end token or its own max_new_tokens (padding dropped)."""
         ends = r.sampling.end_ids(self.loaded.eos_token_ids)
         toks, ended = cut_at_end(toks[: r.sampling.max_new_tokens], ends)
+        if r.sampling.stop:
+            toks = cut_at_stop(self.loaded.tokenizer, toks, r.sampling.stop)
         reason = FinishReason.STOP if ended else FinishReason.LENGTH
         logprobs = row.logprobs if row is not None else None
         structure = row.structure if row is not None else None
@@ -199,6 +207,23 @@ class StaticEngine(Engine):
                 "step_seconds": seconds,
             }
         )
+
+
+def cut_at_stop(tokenizer, toks: list[int], stops: tuple[str, ...]) -> list[int]:
+    """The tokens up to the one that completes the first stop string: generate() ends a row
+    there and pads after it, and padding is no token the row generated (nor paid for). A
+    prefix's text holds the stop from that token on, so the shortest is found by halving."""
+
+    def stopped(k: int) -> bool:
+        return find_stop(tokenizer.decode(toks[:k], skip_special_tokens=True), stops) >= 0
+
+    if not stopped(len(toks)):
+        return toks
+    lo, hi = 1, len(toks)  # stopped(hi), and not stopped(lo - 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if stopped(mid) else (mid + 1, hi)
+    return toks[:lo]
 
 
 def attribute_batch(batch: list[Request], results: list[Result], seconds: float) -> None:
