@@ -29,6 +29,7 @@ from pydantic import (
 from jobrunner.errors import ConfigError, JobError
 from jobrunner.io.compressed import CODECS, full_suffix, open_input
 from jobrunner.io.readers import ReadOptions, find_files
+from jobrunner.io.store_errors import from_store_error
 from jobrunner.structured.spec import SpecError, generation_spec
 
 
@@ -513,7 +514,9 @@ def _embeddings_batch(section: Any, base: Path) -> bool:
         with open_input(files[0]) as f:
             first = next((line for line in f if line.strip()), b"")
         return json.loads(first).get("url") == "/v1/embeddings"
-    except (OSError, ValueError, AttributeError, IndexError, RecursionError, JobError):
+    except (OSError, ValueError, AttributeError, IndexError, RecursionError, JobError) as e:
+        if from_store_error(e) is not None:  # asked again later, it would cost its retries again
+            raise
         return False  # no such file, or not a batch line: the readers say what is wrong
 
 

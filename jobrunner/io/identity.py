@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobrunner.io.fs import file_stat, filesystem, is_remote, open_file
+from jobrunner.io.fs import file_stat, filesystem, is_object, is_remote, open_file
 
 CHUNK = 1 << 22
 ROWS_FILE = "input_rows.parquet"
@@ -52,7 +52,7 @@ def _store_root(url: str) -> str:
     fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), None)
     if fixed is None:
         fs, p = filesystem(url)
-        fixed = len(parts) - 1 if fs.isfile(p) else len(parts)
+        fixed = len(parts) - 1 if is_object(fs, p) else len(parts)
     return f"{scheme_}://{'/'.join(parts[:fixed])}"
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from jobrunner.errors import InputDataError
 from jobrunner.io.compressed import COMPRESSED, full_suffix
-from jobrunner.io.fs import glob_files, is_remote, local_path, missing_bucket
+from jobrunner.io.fs import bucket_word, glob_files, is_remote, local_path, missing_bucket
 from jobrunner.io.identity import input_root, outside_run_dirs, outside_store_runs
 from jobrunner.types import RowError, RowRef
 
@@ -178,9 +178,9 @@ def _noted(what: str, path: str, files: list[str]) -> bool:
 
 
 def _no_bucket(path: str) -> str:
-    """`: bucket B does not exist` where it does not, else nothing."""
+    """`: bucket B does not exist` (container on Azure) where it does not, else nothing."""
     bucket = missing_bucket(path)
-    return f": bucket {bucket} does not exist" if bucket else ""
+    return f": {bucket_word(path)} {bucket} does not exist" if bucket else ""
 
 
 def _suffix(file: str) -> str:

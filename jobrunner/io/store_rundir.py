@@ -55,7 +55,13 @@ from typing import Any
 from jobrunner.errors import RunDirError, RunLocked, StoreError
 from jobrunner.formats import FORMATS
 from jobrunner.io.failed_rows import without_failed
-from jobrunner.io.fs import CONDITIONAL_CREATE, filesystem, missing_bucket, scheme
+from jobrunner.io.fs import (
+    CONDITIONAL_CREATE,
+    bucket_word,
+    filesystem,
+    missing_bucket,
+    scheme,
+)
 from jobrunner.io.identity import ROWS_FILE, RUN_FOLDERS, RUN_OBJECT
 from jobrunner.io.ids import IdSet, hash_ids
 from jobrunner.io.row_ranges import CommittedRows
@@ -166,8 +172,8 @@ class StoreRunDir:
         bucket = missing_bucket(self.url)
         if bucket:
             raise RunDirError(
-                f"output.path {self.url}: bucket {bucket} does not exist (or these credentials"
-                " cannot see it): create it or choose another output.path"
+                f"output.path {self.url}: {bucket_word(self.url)} {bucket} does not exist (or"
+                " these credentials cannot see it): create it or choose another output.path"
             )
 
     def _check_not_inside_a_run(self) -> None:
