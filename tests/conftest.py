@@ -7,8 +7,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from s3kit import moto_server, moto_server_with_auth, s3_bucket, s3_env  # noqa: F401  (fixtures: a local S3 API server)
 from cloudkit import az_container, azurite_server, gcs_server, gs_bucket, store_root  # noqa: F401  (fixtures: local GCS and Azure Blob APIs)
+from s3kit import moto_server, moto_server_with_auth, s3_bucket, s3_env  # noqa: F401  (fixtures: a local S3 API server)
 
 os.environ.setdefault("JOBRUNNER_NO_PROGRESS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
