@@ -114,6 +114,8 @@ def _setup_logging(verbose: bool) -> None:
     )
     for noisy in ("transformers", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    # the Azure SDK logs every HTTP request and response, headers included, at INFO
+    logging.getLogger("azure").setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

@@ -56,7 +56,9 @@ def store_rows(url: str) -> tuple[list[tuple], list[tuple]]:
 
 
 def commits(url: str) -> int:
+    """The commit records now (the client's cached listing dropped: another process adds them)."""
     f, root = store.filesystem(url)
+    f.invalidate_cache(f"{root}/commits")
     return len(f.ls(f"{root}/commits")) if f.exists(f"{root}/commits") else 0
 
 
