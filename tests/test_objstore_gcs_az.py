@@ -8,15 +8,18 @@ import http.server
 import json
 import subprocess
 import threading
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cloudkit import az_connection
-from crashkit import CLI, env, kill9, reference, run, start, summary
+from crashkit import CLI, env, reference, run, summary
 from s3kit import free_port
-from test_objstore_jobs import assert_no_garbage, commits, s3_job, store_rows
+from test_objstore_jobs import (
+    kill9_and_a_failed_put_resume_to_each_row_once,
+    s3_job,
+    store_rows,
+)
 
 from jobrunner.io import fs as store
 
@@ -176,24 +179,7 @@ def test_a_job_from_the_store_to_the_store_equals_the_local_run(tmp_path, store_
 
 @pytest.mark.slow
 def test_kill9_and_a_failed_put_resume_to_each_row_once(tmp_path, store_root):
-    _, expected = reference("static")
-    job, url = s3_job(tmp_path, store_root)
-    p = run(job, JOBRUNNER_FAULT_KILL="after_shard:2")  # shard 2 written, its record not
-    assert p.returncode == -9, p.stderr[-2000:]
-    p = run(job, JOBRUNNER_FAULT_PUT="record:2")  # commit 2: shard written, its record PUT fails
-    assert p.returncode == 75, p.stderr[-2000:]
-    proc = start(job)  # killed at an arbitrary moment while rows are generated
-    before = commits(url)
-    deadline = time.monotonic() + 300
-    while commits(url) < before + 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    kill9(proc)
-    rows, _ = store_rows(url)
-    assert len({r[0] for r in rows}) == len(rows)  # each committed row once
-    p = run(job)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert store_rows(url) == expected
-    assert_no_garbage(url)
+    kill9_and_a_failed_put_resume_to_each_row_once(tmp_path, store_root)
 
 
 # ------------------------------------------------------------------ store errors, by meaning
