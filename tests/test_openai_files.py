@@ -51,7 +51,7 @@ def line(cid, url, body):
     return {"custom_id": cid, "method": "POST", "url": url, "body": body}
 
 
-def render(messages):
+def render(messages, where=None):
     return "|".join(m["role"] + ":" + m["content"] for m in messages)
 
 
