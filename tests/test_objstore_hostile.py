@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 from crashkit import CLI, env, reference, run, start, summary
-from s3kit import TcpProxy, free_port
+from s3kit import TcpProxy, free_port, serving
 from test_objstore_jobs import assert_no_garbage, commits, s3_job, store_rows
 
 from jobrunner.io import fs as store
@@ -128,32 +128,16 @@ def test_a_store_that_cannot_be_reached_is_a_temporary_error(tmp_path, s3_bucket
 def test_an_untrusted_tls_certificate_is_a_configuration_error(tmp_path, s3_bucket):
     """A store behind a certificate the client does not trust (moto over TLS with its own
     self-signed one) is 78 saying so: running the same command again cannot help."""
-    import socket
     import sys
 
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), "--ssl"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "moto --ssl"
-                time.sleep(0.1)
+    args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), "--ssl"]
+    with serving(args, port, "moto --ssl"):
         job, _ = s3_job(tmp_path, s3_bucket)
         for command in ("validate", "run"):
             p = _cli(command, str(job), AWS_ENDPOINT_URL=f"https://127.0.0.1:{port}")
             assert p.returncode == 78, p.stderr[-2000:]
             assert "TLS certificate is not trusted" in summary(p.stdout)["error"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_bucket_that_does_not_exist_is_named_before_any_work(tmp_path, s3_bucket):
