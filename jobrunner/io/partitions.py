@@ -55,7 +55,8 @@ def add_partitions(item: Item, values: Values) -> Item:
     """The row with its partition columns after its own (where pyarrow.dataset puts them)."""
     if not values or not isinstance(item, RawRow):
         return item
-    check_names(str(item.source), item.values, values)
+    if not values.keys().isdisjoint(item.values):  # the row's name only for its error
+        check_names(str(item.source), item.values, values)
     return RawRow({**item.values, **values}, item.source, item.exact)
 
 
